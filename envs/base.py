@@ -1,0 +1,172 @@
+"""Environment contracts shared by every env family.
+
+An actor process owns one `EnvBatch` of K environments. It steps them together, resets finished ones at
+once and reports, per env, the SEED step semantics (see DESIGN.md):
+
+- `done[k] = True`: the reward is the last reward of the old episode and the observation is the first
+  observation of the new episode (the env was reset in the same step).
+- `truncated[k] = True` (only together with done): the old episode ended by the time limit, not by a
+  terminal state, so a loss may bootstrap through it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Protocol, Sequence
+
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class EnvSpec:
+    """What the learner must know about an env family instance; sent in the actor's handshake.
+
+    Attributes:
+      name: the `--env` value, e.g. "atari:Pong" or "gym:CartPole-v1".
+      observation_shape: shape of ONE observation as the actor sends it (a single frame for images,
+        e.g. (84, 84); the learner stacks frames).
+      observation_dtype: numpy dtype name of the observation ("uint8", "float32").
+      num_actions: size of the Discrete action space.
+      action_repeat: env frames per agent step (Atari 4, Football 1, gym 1).
+      frame_stack: how many frames the learner stacks into the network input (Atari 4, else 1).
+    """
+
+    name: str
+    observation_shape: tuple[int, ...]
+    observation_dtype: str
+    num_actions: int
+    action_repeat: int = 1
+    frame_stack: int = 1
+
+    def check_observation(self, observation: np.ndarray) -> None:
+        if tuple(observation.shape) != self.observation_shape:
+            raise ValueError(f"observation shape: got {tuple(observation.shape)}, expected {self.observation_shape}")
+        if observation.dtype != np.dtype(self.observation_dtype):
+            raise ValueError(f"observation dtype: got {observation.dtype}, expected {self.observation_dtype}")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    """One agent step of one env (gymnasium-style, plus the raw reward SEED logs)."""
+
+    observation: np.ndarray
+    reward: float
+    terminated: bool
+    truncated: bool
+    raw_reward: float  # the score to log, e.g. goals in Football; equals reward elsewhere
+
+
+@dataclasses.dataclass(frozen=True)
+class EpisodeStats:
+    """A finished episode, as the actor saw it. `frames` are env frames (agent steps x action repeat)."""
+
+    env_index: int  # index within the actor, in [0, K)
+    episode_return: float
+    raw_return: float
+    steps: int  # agent steps
+    frames: int  # env frames
+    truncated: bool
+
+
+class Env(Protocol):
+    """A single environment. `step` does the whole action repeat and returns one agent step."""
+
+    spec: EnvSpec
+
+    def reset(self) -> np.ndarray: ...
+
+    def step(self, action: int) -> StepResult: ...
+
+    def close(self) -> None: ...
+
+
+@dataclasses.dataclass
+class BatchStep:
+    """The result of stepping K envs once. Arrays have leading dimension K."""
+
+    observation: np.ndarray  # [K, *observation_shape]
+    reward: np.ndarray  # [K] float32
+    done: np.ndarray  # [K] bool
+    truncated: np.ndarray  # [K] bool
+    finished: list[EpisodeStats]
+
+
+class EnvBatch(Protocol):
+    """K environments stepped together by one actor process."""
+
+    spec: EnvSpec
+    num_envs: int
+
+    def reset(self) -> np.ndarray:
+        """Resets every env; returns observations [K, *observation_shape]."""
+        ...
+
+    def step(self, actions: np.ndarray) -> BatchStep:
+        """Steps every env with actions [K]; finished envs are reset and report their new first frame."""
+        ...
+
+    def close(self) -> None: ...
+
+
+class SequentialEnvBatch:
+    """Steps K `Env`s one after another in this process; the generic `EnvBatch`."""
+
+    def __init__(self, envs: Sequence[Env]):
+        if not envs:
+            raise ValueError("num_envs: got 0, expected at least 1")
+        self.envs = list(envs)
+        self.spec = self.envs[0].spec
+        self.num_envs = len(self.envs)
+        self._returns = np.zeros(self.num_envs, np.float64)
+        self._raw_returns = np.zeros(self.num_envs, np.float64)
+        self._steps = np.zeros(self.num_envs, np.int64)
+        shape = (self.num_envs,) + self.spec.observation_shape
+        self._observation = np.zeros(shape, self.spec.observation_dtype)
+
+    def reset(self) -> np.ndarray:
+        for k, env in enumerate(self.envs):
+            self._observation[k] = env.reset()
+        self._returns[:] = 0
+        self._raw_returns[:] = 0
+        self._steps[:] = 0
+        return self._observation.copy()
+
+    def step(self, actions: np.ndarray) -> BatchStep:
+        reward = np.zeros(self.num_envs, np.float32)
+        done = np.zeros(self.num_envs, bool)
+        truncated = np.zeros(self.num_envs, bool)
+        finished = []
+        for k, env in enumerate(self.envs):
+            result = env.step(int(actions[k]))
+            reward[k] = result.reward
+            self._returns[k] += result.reward
+            self._raw_returns[k] += result.raw_reward
+            self._steps[k] += 1
+            if result.terminated or result.truncated:
+                done[k] = True
+                truncated[k] = result.truncated and not result.terminated
+                finished.append(
+                    EpisodeStats(
+                        env_index=k,
+                        episode_return=float(self._returns[k]),
+                        raw_return=float(self._raw_returns[k]),
+                        steps=int(self._steps[k]),
+                        frames=int(self._steps[k]) * self.spec.action_repeat,
+                        truncated=bool(truncated[k]),
+                    )
+                )
+                self._returns[k] = self._raw_returns[k] = 0
+                self._steps[k] = 0
+                self._observation[k] = env.reset()
+            else:
+                self._observation[k] = result.observation
+        return BatchStep(self._observation.copy(), reward, done, truncated, finished)
+
+    def close(self) -> None:
+        for env in self.envs:
+            env.close()
+
+
+# An env family module exposes these two functions; `seed.envs.family(name)` finds them.
+SpecFn = Callable[[str, dict[str, Any]], EnvSpec]
+BatchFn = Callable[[str, int, int, dict[str, Any]], EnvBatch]

@@ -1,0 +1,52 @@
+"""`--env=gym:<id>`: any gymnasium env with a Discrete action space and a Box observation.
+
+Observations are sent as float32 vectors (Box observations are flattened); action repeat is 1.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult
+
+
+class GymEnv:
+    def __init__(self, env_id: str, seed: int):
+        self._env = gymnasium.make(env_id)
+        if not isinstance(self._env.action_space, gymnasium.spaces.Discrete):
+            raise ValueError(f"--env=gym:{env_id}: action space is {self._env.action_space}, expected Discrete")
+        if not isinstance(self._env.observation_space, gymnasium.spaces.Box):
+            raise ValueError(f"--env=gym:{env_id}: observation space is {self._env.observation_space}, expected Box")
+        self._seed = seed
+        self._reset_count = 0
+        shape = (int(np.prod(self._env.observation_space.shape)),)
+        self.spec = EnvSpec(f"gym:{env_id}", shape, "float32", int(self._env.action_space.n))
+
+    def reset(self) -> np.ndarray:
+        # Seed the first reset only; later resets continue the env's own random stream.
+        seed = self._seed if self._reset_count == 0 else None
+        self._reset_count += 1
+        observation, _ = self._env.reset(seed=seed)
+        return np.asarray(observation, np.float32).reshape(-1)
+
+    def step(self, action: int) -> StepResult:
+        observation, reward, terminated, truncated, _ = self._env.step(action)
+        observation = np.asarray(observation, np.float32).reshape(-1)
+        return StepResult(observation, float(reward), bool(terminated), bool(truncated), float(reward))
+
+    def close(self) -> None:
+        self._env.close()
+
+
+def make_spec(name: str, options: dict[str, Any]) -> EnvSpec:
+    env = GymEnv(name, seed=0)
+    env.close()
+    return env.spec
+
+
+def make_batch(name: str, num_envs: int, first_env_id: int, options: dict[str, Any]) -> SequentialEnvBatch:
+    seed = int(options.get("seed", 0))
+    return SequentialEnvBatch([GymEnv(name, seed + first_env_id + i) for i in range(num_envs)])
