@@ -1,0 +1,25 @@
+"""Agents the learner can drive: `--agent=vtrace` (IMPALA) or `--agent=r2d2`.
+
+An agent module exposes:
+
+    default_config(env_family: str) -> dict      per-env-family defaults over LearnerConfig
+    Agent(spec: EnvSpec, config: LearnerConfig)  with the methods the learner calls:
+        initial_state(n) -> State                 zero per-env state rows [n, ...]
+        act(network, batch, state) -> ActOutput   on the inference device, under inference_mode
+        loss(unrolls) -> (loss, metrics)          on the training device
+        network                                   the trained nn.Module (the learner copies it for inference)
+        state_dict() / load_state_dict(d)         everything to checkpoint besides the optimizer
+"""
+
+from __future__ import annotations
+
+import importlib
+from types import ModuleType
+
+AGENTS = ("vtrace", "r2d2")
+
+
+def agent_module(name: str) -> ModuleType:
+    if name not in AGENTS:
+        raise ValueError(f"--agent: got {name!r}, expected one of {', '.join(AGENTS)}")
+    return importlib.import_module(f"seed.agents.{name}.agent")

@@ -12,7 +12,8 @@ once and reports, per env, the SEED step semantics (see DESIGN.md):
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Protocol, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 

@@ -9,7 +9,6 @@ from typing import Any
 
 import gymnasium
 import numpy as np
-
 from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult
 
 

@@ -1,0 +1,252 @@
+"""Network parts shared by the agents: torsos, frame stacking on the learner, and a resetting LSTM core.
+
+Every network here is time-major: inputs are [T, B, ...]; inference calls them with T = 1. Per-env state is
+a dict of tensors [B, ...] (the rows of the learner's state table):
+
+  frames  uint8 [B, S - 1, *frame]   the last S - 1 frames (only when the env stacks S > 1 frames)
+  lstm_h, lstm_c  float32 [B, H]     the LSTM core state (only with an LSTM)
+
+`done[t]` means observation t is the first of a new episode: the frame stack and the LSTM state are reset
+before step t is processed.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from seed.envs.base import EnvSpec
+from torch import nn
+from torch.nn import functional as F
+
+State = dict[str, torch.Tensor]
+
+
+def stack_frames(previous: torch.Tensor, observation: torch.Tensor, done: torch.Tensor
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Stacks each frame with the S - 1 before it, zeroing frames from an earlier episode.
+
+    Args:
+      previous: [B, S - 1, *frame], the frames before observation[0] (already zeroed across episodes).
+      observation: [T, B, *frame].
+      done: bool [T, B]; done[t] means observation[t] starts a new episode.
+    Returns:
+      stacked [T, B, S, *frame] (oldest first) and the new `previous` [B, S - 1, *frame].
+    """
+    history = previous.shape[1]
+    if history == 0:
+        return observation.unsqueeze(2), previous
+    time_steps, batch = done.shape
+    sequence = torch.cat([previous.transpose(0, 1), observation], dim=0)  # [S - 1 + T, B, *frame]
+    starts = torch.cat([torch.zeros(history, batch, dtype=torch.long, device=done.device), done.long()], dim=0)
+    episode = starts.cumsum(0)  # frame j belongs to output t's episode iff episode[j] == episode[t + S - 1]
+    frame_dims = (1,) * (observation.dim() - 2)
+    current = episode[history:]  # [T, B]
+    slots = []
+    for k in range(history + 1):
+        same = (episode[k:k + time_steps] == current).view(time_steps, batch, *frame_dims)
+        slots.append(sequence[k:k + time_steps] * same.to(sequence.dtype))
+    stacked = torch.stack(slots, dim=2)
+    last = stacked[-1]  # [B, S, *frame]: the newest stack, already zeroed across episodes
+    return stacked, last[:, 1:].contiguous()
+
+
+def _scaled_input(observation: torch.Tensor) -> torch.Tensor:
+    if observation.dtype == torch.uint8:
+        return observation.float() / 255.0
+    return observation.float()
+
+
+class MLPTorso(nn.Module):
+    """Flattened vector observation [N, D] -> ReLU MLP features [N, sizes[-1]]."""
+
+    def __init__(self, input_size: int, sizes: tuple[int, ...]):
+        super().__init__()
+        layers, last = [], input_size
+        for size in sizes:
+            layers += [nn.Linear(last, size), nn.ReLU()]
+            last = size
+        self.layers = nn.Sequential(*layers)
+        self.output_size = last
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return self.layers(_scaled_input(observation).flatten(1))
+
+
+class NatureDQNTorso(nn.Module):
+    """Nature DQN convolutions (32 8x8/4, 64 4x4/2, 64 3x3/1, valid, ReLU) then fc 512 ReLU.
+
+    Input [N, C, H, W] (uint8 frames scaled to [0, 1]); output [N, 512]. `width` multiplies the filters.
+    """
+
+    def __init__(self, in_channels: int, frame_shape: tuple[int, int], width: int = 1, fc_size: int = 512):
+        super().__init__()
+        self.convs = nn.Sequential(
+            nn.Conv2d(in_channels, 32 * width, 8, stride=4), nn.ReLU(),
+            nn.Conv2d(32 * width, 64 * width, 4, stride=2), nn.ReLU(),
+            nn.Conv2d(64 * width, 64 * width, 3, stride=1), nn.ReLU(),
+        )
+        with torch.no_grad():
+            flat = self.convs(torch.zeros(1, in_channels, *frame_shape)).numel()
+        self.fc = nn.Linear(flat, fc_size)
+        self.output_size = fc_size
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.fc(self.convs(_scaled_input(observation)).flatten(1)))
+
+
+class _ResidualBlock(nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.conv0 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.conv1(F.relu(self.conv0(F.relu(x))))
+
+
+class ImpalaResidualStack(nn.Module):
+    """IMPALA residual sections: per section a 3x3 conv, 3x3 max-pool stride 2, two residual blocks.
+
+    Input [N, C, H, W] float; output [N, channels[-1], H', W'] after a final ReLU.
+    """
+
+    def __init__(self, in_channels: int, channels: tuple[int, ...]):
+        super().__init__()
+        sections, last = [], in_channels
+        for out in channels:
+            sections += [nn.Conv2d(last, out, 3, padding=1), nn.MaxPool2d(3, stride=2, padding=1),
+                         _ResidualBlock(out), _ResidualBlock(out)]
+            last = out
+        self.sections = nn.Sequential(*sections)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.sections(x))
+
+
+class ImpalaDeepTorso(nn.Module):
+    """The IMPALA "deep" network torso: residual sections (16, 32, 32) x width, ReLU, fc 256 ReLU."""
+
+    def __init__(self, in_channels: int, frame_shape: tuple[int, int], width: int = 1, fc_size: int = 256):
+        super().__init__()
+        self.stack = ImpalaResidualStack(in_channels, tuple(c * width for c in (16, 32, 32)))
+        with torch.no_grad():
+            flat = self.stack(torch.zeros(1, in_channels, *frame_shape)).numel()
+        self.fc = nn.Linear(flat, fc_size)
+        self.output_size = fc_size
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        return F.relu(self.fc(self.stack(_scaled_input(observation)).flatten(1)))
+
+
+class ResettingLSTM(nn.Module):
+    """An LSTM cell unrolled over time whose state is zeroed before every step with done set.
+
+    forward(x [T, B, I], done bool [T, B], (h, c) [B, H] each) -> outputs [T, B, H], (h, c).
+    """
+
+    def __init__(self, input_size: int, hidden_size: int):
+        super().__init__()
+        self.cell = nn.LSTMCell(input_size, hidden_size)
+        self.hidden_size = hidden_size
+
+    def forward(self, x: torch.Tensor, done: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor]
+                ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        h, c = state
+        keep = (~done).unsqueeze(-1).to(x.dtype)
+        outputs = []
+        for t in range(x.shape[0]):
+            h, c = self.cell(x[t], (h * keep[t], c * keep[t]))
+            outputs.append(h)
+        return torch.stack(outputs), (h, c)
+
+
+def glorot_uniform_(module: nn.Module) -> None:
+    """Glorot-uniform weights and zero biases for every linear, conv and LSTM layer (the paper's init)."""
+    for m in module.modules():
+        if isinstance(m, (nn.Linear, nn.Conv2d)):
+            nn.init.xavier_uniform_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.LSTMCell):
+            nn.init.xavier_uniform_(m.weight_ih)
+            nn.init.xavier_uniform_(m.weight_hh)
+            nn.init.zeros_(m.bias_ih)
+            nn.init.zeros_(m.bias_hh)
+
+
+class AgentBody(nn.Module):
+    """Torso + frame stacking + (one-hot previous action, reward) inputs + optional resetting LSTM.
+
+    forward(observation [T, B, *obs], prev_action [T, B], reward [T, B], done [T, B], state)
+      -> features [T, B, output_size], new state.
+
+    Args:
+      spec: the env spec (single-frame observation shape, frame stack, actions).
+      network: "mlp", "nature" or "impala_deep" (images), or "football" (packed SMM planes).
+      width: filter multiplier for image torsos.
+      use_lstm, lstm_size: the recurrent core.
+      mlp_sizes: hidden sizes of the MLP torso.
+      clip_reward_input: feed clip(reward, -1, 1) (IMPALA) instead of the raw reward (R2D2).
+    """
+
+    def __init__(self, spec: EnvSpec, network: str, width: int = 1, use_lstm: bool = True, lstm_size: int = 256,
+                 mlp_sizes: tuple[int, ...] = (64, 64), clip_reward_input: bool = True):
+        super().__init__()
+        self.num_actions = spec.num_actions
+        self.frame_shape = tuple(spec.observation_shape)
+        self.frame_dtype = getattr(torch, spec.observation_dtype)
+        self.history = spec.frame_stack - 1
+        self.clip_reward_input = clip_reward_input
+        self.torso = make_torso(spec, network, width, mlp_sizes)
+        core_input = self.torso.output_size + self.num_actions + 1
+        self.lstm = ResettingLSTM(core_input, lstm_size) if use_lstm else None
+        self.output_size = lstm_size if use_lstm else core_input
+
+    def initial_state(self, batch_size: int) -> State:
+        state: State = {}
+        if self.history:
+            state["frames"] = torch.zeros((batch_size, self.history) + self.frame_shape, dtype=self.frame_dtype)
+        if self.lstm is not None:
+            state["lstm_h"] = torch.zeros(batch_size, self.lstm.hidden_size)
+            state["lstm_c"] = torch.zeros(batch_size, self.lstm.hidden_size)
+        return state
+
+    def forward(self, observation: torch.Tensor, prev_action: torch.Tensor, reward: torch.Tensor,
+                done: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        time_steps, batch = done.shape
+        new_state: State = {}
+        if self.history:
+            # [T, B, S, H, W]: the S frames become the torso's input channels.
+            observation, new_state["frames"] = stack_frames(state["frames"], observation, done)
+        features = self.torso(observation.flatten(0, 1)).view(time_steps, batch, -1)
+        if self.clip_reward_input:
+            reward = reward.clamp(-1.0, 1.0)
+        # The previous action is meaningless across an episode start: zero it there.
+        one_hot = F.one_hot(prev_action, self.num_actions).to(features.dtype) * (~done).unsqueeze(-1)
+        core_input = torch.cat([features, one_hot, reward.unsqueeze(-1).to(features.dtype)], dim=-1)
+        if self.lstm is None:
+            return core_input, new_state
+        output, (h, c) = self.lstm(core_input, done, (state["lstm_h"], state["lstm_c"]))
+        new_state["lstm_h"], new_state["lstm_c"] = h, c
+        return output, new_state
+
+
+def make_torso(spec: EnvSpec, network: str, width: int, mlp_sizes: tuple[int, ...]) -> nn.Module:
+    """The torso for `network`, sized for the env's observation (frames stacked as channels)."""
+    shape = tuple(spec.observation_shape)
+    if network == "mlp":
+        return MLPTorso(math.prod(shape) * spec.frame_stack, mlp_sizes)
+    if network == "football":
+        from seed.envs.football_network import FootballTorso
+
+        return FootballTorso(shape, width)
+    if len(shape) not in (2, 3):
+        raise ValueError(f"--network={network}: needs image observations [H, W] or [H, W, C], got shape {shape}")
+    if len(shape) == 3:
+        raise ValueError(f"--network={network}: multi-channel frames {shape} are not supported; send [H, W] frames")
+    if network == "nature":
+        return NatureDQNTorso(spec.frame_stack, shape, width)
+    if network == "impala_deep":
+        return ImpalaDeepTorso(spec.frame_stack, shape, width)
+    raise ValueError(f"--network: got {network!r}, expected mlp, nature, impala_deep or football")

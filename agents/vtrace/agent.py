@@ -1,0 +1,130 @@
+"""The V-trace (IMPALA) agent: an actor-critic network, sampling at inference, the V-trace loss."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from seed.agents.networks import AgentBody, State
+from seed.agents.vtrace.vtrace import from_importance_weights
+from seed.envs.base import EnvSpec
+from torch import nn
+from torch.nn import functional as F
+
+from seed.config import LearnerConfig
+from seed.inference import ActOutput, InferenceBatch
+from seed.unroll import Unroll
+
+
+def default_config(env_family: str) -> dict[str, Any]:
+    """Per-env-family defaults (over LearnerConfig's).
+
+    gym: small and fast, learns CartPole in minutes on 2 cores. atari: the original SEED never shipped Atari
+    V-trace; these follow the IMPALA paper's Atari settings (unroll 20, discount 0.99, entropy 0.01, rewards
+    clipped to [-1, 1], gradient norm clip 40) with Adam as in SEED. football: SEED's tuned "scoring" run.
+    """
+    if env_family == "gym":
+        return dict(network="mlp", use_lstm=False, unroll_length=20, batch_size=16, learning_rate=1e-3,
+                    entropy_cost=0.01, discounting=0.99, total_environment_frames=2e6, log_interval_s=5.0)
+    if env_family == "atari":
+        return dict(network="impala_deep", use_lstm=True, lstm_size=256, unroll_length=20, batch_size=32,
+                    learning_rate=4.8e-4, entropy_cost=0.01, discounting=0.99, max_abs_reward=1.0,
+                    grad_clip_norm=40.0)
+    if env_family == "football":
+        return dict(network="football", use_lstm=False, unroll_length=32, batch_size=32, inference_batch_size=64,
+                    learning_rate=5.53e-5, entropy_cost=3.19e-5, discounting=0.997, lambda_=0.9)
+    if env_family == "fake":
+        return dict(unroll_length=20, batch_size=16, use_lstm=False)
+    return {}
+
+
+def resolve_network(spec: EnvSpec, requested: str, image_default: str) -> str:
+    if requested != "auto":
+        return requested
+    return "mlp" if len(spec.observation_shape) == 1 else image_default
+
+
+class ActorCriticNetwork(nn.Module):
+    """AgentBody + policy logits [T, B, A] and baseline [T, B] heads."""
+
+    def __init__(self, spec: EnvSpec, config: LearnerConfig):
+        super().__init__()
+        network = resolve_network(spec, config.network, "impala_deep")
+        sizes = tuple(int(s) for s in config.mlp_sizes.split(",") if s)
+        self.body = AgentBody(spec, network, config.network_width, config.use_lstm, config.lstm_size, sizes,
+                              clip_reward_input=True)
+        self.policy = nn.Linear(self.body.output_size, spec.num_actions)
+        self.baseline = nn.Linear(self.body.output_size, 1)
+
+    def initial_state(self, batch_size: int) -> State:
+        return self.body.initial_state(batch_size)
+
+    def forward(self, observation, prev_action, reward, done, state):
+        features, new_state = self.body(observation, prev_action, reward, done, state)
+        return self.policy(features), self.baseline(features).squeeze(-1), new_state
+
+
+class Agent:
+    def __init__(self, spec: EnvSpec, config: LearnerConfig):
+        self.spec = spec
+        self.config = config
+        self.network = ActorCriticNetwork(spec, config)
+
+    def initial_state(self, batch_size: int) -> State:
+        return self.network.initial_state(batch_size)
+
+    def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        logits, _, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
+                                       batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
+        logits = logits[0]
+        action = torch.multinomial(F.softmax(logits, dim=-1), 1).squeeze(-1)
+        return ActOutput(action=action, outputs={"policy_logits": logits}, state=new_state)
+
+    def loss(self, unrolls: Unroll) -> tuple[torch.Tensor, dict[str, float]]:
+        """IMPALA loss on a time-major batch of unrolls of T + 1 steps.
+
+        The learner re-runs the network from the stored initial state over all T + 1 steps. Step t pairs
+        action a_t with reward r_{t+1} and done_{t+1} (done at t + 1 ends the episode a_t was taken in).
+        """
+        c = self.config
+        logits, baseline, _ = self.network(unrolls.observation, unrolls.prev_action, unrolls.reward,
+                                           unrolls.done, unrolls.initial_state)
+        actions = unrolls.action[:-1]
+        rewards = unrolls.reward[1:]
+        if c.max_abs_reward > 0:
+            rewards = rewards.clamp(-c.max_abs_reward, c.max_abs_reward)
+        # Truncation ends the episode like termination here: the final observation is not sent, so there is
+        # no value to bootstrap from (SEED's V-trace learner did the same).
+        discounts = (~unrolls.done[1:]).float() * c.discounting
+        target_log_probs = F.log_softmax(logits[:-1], -1)
+        behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1)
+        target_action_log_probs = target_log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        behaviour_action_log_probs = behaviour_log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        returns = from_importance_weights(
+            log_rhos=target_action_log_probs.detach() - behaviour_action_log_probs,
+            discounts=discounts, rewards=rewards, values=baseline[:-1].detach(), bootstrap_value=baseline[-1].detach(),
+            clip_rho_threshold=c.clip_rho_threshold, clip_pg_rho_threshold=c.clip_pg_rho_threshold,
+            lambda_=c.lambda_)
+        policy_loss = -(target_action_log_probs * returns.pg_advantages).mean()
+        baseline_loss = c.baseline_cost * 0.5 * (returns.vs - baseline[:-1]).pow(2).mean()
+        entropy = -(F.softmax(logits[:-1], -1) * target_log_probs).sum(-1).mean()
+        entropy_loss = -c.entropy_cost * entropy
+        total = policy_loss + baseline_loss + entropy_loss
+        metrics = {
+            "loss/policy": policy_loss.item(),
+            "loss/baseline": baseline_loss.item(),
+            "loss/entropy": entropy_loss.item(),
+            "loss/total": total.item(),
+            "policy/entropy": entropy.item(),
+            "value/mean": baseline[:-1].mean().item(),
+        }
+        return total, metrics
+
+    def after_update(self, train_steps: int) -> None:
+        """Hook after each optimizer step (R2D2 copies its target network here)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"network": self.network.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.network.load_state_dict(state["network"])

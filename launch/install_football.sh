@@ -1,0 +1,72 @@
+#!/usr/bin/env bash
+# Installs Google Research Football (gfootball) for `--env=football:<scenario>`; `make football` calls it.
+#
+# Idempotent: exits at once when `import gfootball.env` already works. Otherwise installs the build
+# dependencies with apt-get (Debian/Ubuntu), the run-time Python dependencies, then builds gfootball from
+# source (its C++ engine compiles in about 5 minutes on 2 cores).
+#
+# Environment:
+#   PYTHON             interpreter to install into (default python3)
+#   GFOOTBALL_VERSION  gfootball version to build (default 2.10.2)
+#   SKIP_APT=1         skip the apt-get step (build dependencies already present)
+set -euo pipefail
+
+PYTHON="${PYTHON:-python3}"
+GFOOTBALL_VERSION="${GFOOTBALL_VERSION:-2.10.2}"
+# gfootball uses the old gym API (4-tuple step); gym 0.25.2 is the last release with it that works here.
+# It installs as the `gym` module and coexists with `gymnasium`.
+GYM_SPEC="gym==0.25.2"
+APT_PACKAGES=(
+  build-essential cmake
+  libsdl2-dev libsdl2-image-dev libsdl2-ttf-dev libsdl2-gfx-dev
+  libboost-all-dev
+  libgl-dev libegl-dev  # OpenGL and EGL headers the engine's CMake requires (usually pulled in by libsdl2-dev)
+)
+# No window: the engine must never try to open a display.
+export SDL_VIDEODRIVER=dummy
+
+log() { echo "[install_football] $*"; }
+
+check() { "$PYTHON" -c "import gfootball.env" >/dev/null 2>&1; }
+
+if check; then
+  log "gfootball already importable with $PYTHON ($("$PYTHON" -c 'import importlib.metadata as m; print(m.version("gfootball"))' 2>/dev/null || echo '?')); nothing to do."
+  exit 0
+fi
+
+start=$(date +%s)
+
+if [[ "${SKIP_APT:-0}" != "1" ]]; then
+  if ! command -v apt-get >/dev/null 2>&1; then
+    log "apt-get not found: install the equivalents of ${APT_PACKAGES[*]} yourself, then rerun with SKIP_APT=1."
+    exit 1
+  fi
+  SUDO=""
+  if [[ "$(id -u)" != "0" ]]; then
+    if command -v sudo >/dev/null 2>&1; then
+      SUDO="sudo"
+    else
+      log "not root and no sudo: cannot run apt-get. Install ${APT_PACKAGES[*]}, then rerun with SKIP_APT=1."
+      exit 1
+    fi
+  fi
+  log "apt-get update"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get update -q
+  log "apt-get install -y ${APT_PACKAGES[*]}"
+  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${APT_PACKAGES[@]}"
+fi
+
+log "$PYTHON -m pip install psutil wheel six $GYM_SPEC"
+"$PYTHON" -m pip install psutil wheel six "$GYM_SPEC"
+
+# --no-build-isolation: the build script runs `python3 -c 'import psutil'`, so psutil must be importable
+# by the interpreter doing the build (installed just above). Keeping gym pinned stops pip from upgrading it.
+log "$PYTHON -m pip install --no-build-isolation gfootball==$GFOOTBALL_VERSION (builds the C++ engine; takes minutes)"
+"$PYTHON" -m pip install --no-build-isolation "gfootball==$GFOOTBALL_VERSION" "$GYM_SPEC"
+
+if ! check; then
+  log "gfootball installed but 'import gfootball.env' still fails:"
+  "$PYTHON" -c "import gfootball.env"
+  exit 1
+fi
+log "done in $(( $(date +%s) - start )) s: gfootball $("$PYTHON" -c 'import importlib.metadata as m; print(m.version("gfootball"))')"

@@ -1,0 +1,146 @@
+"""The actor: a thin loop around K environments that streams them to the learner.
+
+One process, one bidirectional gRPC stream. Each step sends the K envs' single frames, rewards, dones and
+truncations and finished-episode stats, waits for K actions and steps the envs (finished envs are reset at
+once; their new first frame goes out with done=True). When the learner goes away the actor reconnects
+with exponential backoff and a new run id (its envs restart their episodes); a rejected handshake
+(INVALID_ARGUMENT) is a configuration error and ends the actor. SIGTERM ends it cleanly.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import random
+import threading
+import time
+from collections.abc import Iterator
+
+import grpc
+import numpy as np
+
+from seed import wire
+from seed._proto import seed_pb2, seed_pb2_grpc
+from seed.config import ActorConfig
+from seed.envs import make_batch
+from seed.envs.base import BatchStep, EnvBatch
+
+log = logging.getLogger(__name__)
+
+CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
+
+
+class ConfigurationError(RuntimeError):
+    """The learner rejected this actor (e.g. a different env spec): retrying cannot help."""
+
+
+class _Stream:
+    """A bidirectional stream driven one request / one response at a time."""
+
+    def __init__(self, stub: seed_pb2_grpc.LearnerStub):
+        self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
+        self._responses = stub.Stream(self._requests())
+
+    def _requests(self) -> Iterator[seed_pb2.ActorMessage]:
+        while True:
+            message = self._outgoing.get()
+            if message is None:
+                return
+            yield message
+
+    def call(self, message: seed_pb2.ActorMessage) -> seed_pb2.LearnerMessage:
+        self._outgoing.put(message)
+        return next(self._responses)
+
+    def close(self) -> None:
+        self._outgoing.put(None)
+        self._responses.cancel()
+
+
+class Actor:
+    """Runs `config.envs_per_actor` envs against the learner at `config.server_address`."""
+
+    def __init__(self, config: ActorConfig, stop: threading.Event | None = None):
+        self.config = config
+        self.stop = stop or threading.Event()
+        self.envs: EnvBatch = make_batch(config.env, config.envs_per_actor,
+                                         config.actor_index * config.envs_per_actor, config.env_options())
+        self.spec = self.envs.spec
+        self.agent_steps = 0
+        self.latencies_s: list[float] = []  # round trips of the current log window
+        self.connections = 0
+
+    def run(self) -> None:
+        backoff = 0.1
+        try:
+            while not self.stop.is_set():
+                try:
+                    self._run_connection()
+                    backoff = 0.1
+                except grpc.RpcError as error:
+                    if self.stop.is_set():
+                        break
+                    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                        raise ConfigurationError(error.details()) from None
+                    print(f"[actor {self.config.actor_index}] learner unavailable ({error.code().name}: "
+                          f"{error.details()}); reconnecting in {backoff:.1f}s", flush=True)
+                    self.stop.wait(backoff)
+                    backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+        finally:
+            self.envs.close()
+
+    def _wait_for_learner(self, channel: grpc.Channel) -> None:
+        backoff = 0.1
+        while not self.stop.is_set():
+            try:
+                grpc.channel_ready_future(channel).result(timeout=backoff)
+                return
+            except grpc.FutureTimeoutError:
+                backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+
+    def _run_connection(self) -> None:
+        run_id = random.SystemRandom().getrandbits(63)
+        with grpc.insecure_channel(self.config.server_address, options=CHANNEL_OPTIONS) as channel:
+            self._wait_for_learner(channel)
+            if self.stop.is_set():
+                return
+            stream = _Stream(seed_pb2_grpc.LearnerStub(channel))
+            try:
+                self._serve(stream, run_id)
+            finally:
+                stream.close()
+
+    def _serve(self, stream: _Stream, run_id: int) -> None:
+        config = self.config
+        reply = stream.call(seed_pb2.ActorMessage(handshake=seed_pb2.Handshake(
+            actor_index=config.actor_index, run_id=run_id, num_envs=config.envs_per_actor,
+            spec=wire.spec_to_proto(self.spec))))
+        self.connections += 1
+        print(f"[actor {config.actor_index}] connected to {config.server_address} "
+              f"(env ids from {reply.handshake_reply.first_env_id}, run {run_id:x})", flush=True)
+        k = config.envs_per_actor
+        # A new run starts every env afresh: the learner treats first contact as an episode start.
+        step = BatchStep(self.envs.reset(), np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool), [])
+        last_log = time.monotonic()
+        steps_at_last_log = self.agent_steps
+        while not self.stop.is_set():
+            message = seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
+                observation=wire.encode_tensor(step.observation),
+                reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
+                done=wire.encode_tensor(step.done),
+                truncated=wire.encode_tensor(step.truncated),
+                finished=[wire.episode_to_proto(e) for e in step.finished],
+                actor_send_time=time.time()))
+            sent = time.perf_counter()
+            reply = stream.call(message)
+            self.latencies_s.append(time.perf_counter() - sent)
+            actions = wire.decode_tensor(reply.actions.action, "actions.action", "int32", (k,))
+            step = self.envs.step(actions)
+            self.agent_steps += k
+            now = time.monotonic()
+            if now - last_log >= config.log_interval_s:
+                fps = (self.agent_steps - steps_at_last_log) * self.spec.action_repeat / (now - last_log)
+                p50 = np.percentile(self.latencies_s, 50) * 1e3
+                print(f"[actor {config.actor_index}] env_frames/s={fps:,.0f} round_trip_p50={p50:.2f}ms", flush=True)
+                self.latencies_s.clear()
+                last_log, steps_at_last_log = now, self.agent_steps

@@ -1,0 +1,42 @@
+"""`seed-actor`: one actor process running `--envs_per_actor` envs against the learner.
+
+    seed-actor --server_address=unix:logs/run/learner.sock --actor_index=0 --env=gym:CartPole-v1
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from absl import app, flags
+
+from seed.config import ActorConfig, build_config, define_flags, explicit_flags
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    config = build_config(ActorConfig, explicit_flags(ActorConfig, flags.FLAGS))
+    if config.actor_index < 0:
+        print(f"seed-actor: --actor_index: got {config.actor_index}, expected >= 0", file=sys.stderr)
+        sys.exit(2)
+    from seed.actor import Actor, ConfigurationError
+
+    actor = Actor(config)
+    signal.signal(signal.SIGTERM, lambda *_: actor.stop.set())
+    signal.signal(signal.SIGINT, lambda *_: actor.stop.set())
+    try:
+        actor.run()
+    except ConfigurationError as error:
+        print(f"seed-actor: the learner rejected this actor: {error}", file=sys.stderr)
+        sys.exit(2)
+    print(f"[actor {config.actor_index}] stopped after {actor.agent_steps:,} agent steps", flush=True)
+
+
+def run() -> None:
+    define_flags(ActorConfig)
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,130 @@
+"""Configuration: one dataclass per role, turned into absl flags by the role's main.
+
+Resolution order for the learner (lowest to highest): the dataclass defaults, the agent's defaults for the
+env family (e.g. paper Table 8 for R2D2 on Atari), then flags the user typed. `--print_config` prints the
+result as JSON. Flags are defined only by `define_flags`, called from a main, never at import time.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from absl import flags
+
+
+def _field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's naming
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass
+class EnvOptions:
+    """Env flags shared by learner and actor (both must build the same spec)."""
+
+    env: str = _field("gym:CartPole-v1", "FAMILY:NAME, e.g. gym:CartPole-v1, atari:Pong, football:academy_empty_goal_close, fake:vector.")
+    envs_per_actor: int = _field(4, "Environments stepped by each actor process (K).")
+    seed: int = _field(0, "Base random seed; env i is seeded with seed + env id.")
+    action_repeat: int = _field(0, "Env frames per agent step; 0 = the env family's default (Atari 4, others 1).")
+    sticky_actions: bool = _field(False, "Atari: repeat the previous action with probability 0.25.")
+    atari_minimal_action_set: bool = _field(False, "Atari: use the game's minimal action set instead of all 18.")
+    atari_max_frames: int = _field(108_000, "Atari: episode cap in raw frames, reported as truncation.")
+    atari_vector_env: bool = _field(False, "Atari: step an actor's envs with ale-py's threaded vector env.")
+    fake_episode_length: int = _field(100, "fake: agent steps per episode.")
+    smm_size: str = _field("default", "Football: super mini map size, default|medium|large.")
+    football_rewards: str = _field("scoring", "Football: scoring or scoring,checkpoints.")
+
+    def env_options(self) -> dict[str, Any]:
+        """The options dict env families receive (everything but env and envs_per_actor)."""
+        options = dataclasses.asdict(self)
+        for key in ("env", "envs_per_actor"):
+            options.pop(key)
+        return {key: value for key, value in options.items() if not (key == "action_repeat" and value == 0)}
+
+
+@dataclasses.dataclass
+class ActorConfig(EnvOptions):
+    server_address: str = _field("localhost:8686", "Learner address: host:port or unix:/path/to.sock.")
+    actor_index: int = _field(0, "This actor's index; it owns env ids [index*K, (index+1)*K).")
+    reconnect_max_backoff_s: float = _field(5.0, "Longest wait between reconnection attempts (seconds).")
+    log_interval_s: float = _field(30.0, "Seconds between actor progress lines on stdout.")
+
+
+@dataclasses.dataclass
+class LearnerConfig(EnvOptions):
+    agent: str = _field("vtrace", "vtrace or r2d2.")
+    logdir: str = _field("", "Where metrics, TensorBoard events and checkpoints go; default logs/<agent>-<env>.")
+    server_address: str = _field("unix:{logdir}/learner.sock,[::]:8686",
+                                 "Comma-separated listen addresses (host:port or unix:/path); {logdir} is replaced.")
+    num_actors: int = _field(2, "Actor processes the learner accepts (actor_index in [0, num_actors)).")
+    inference_batch_size: int = _field(-1, "Env rows per inference batch; -1 = max(envs_per_actor, num_envs // 2).")
+    batch_timeout_ms: float = _field(2.0, "Run a partial inference batch this long after its oldest request.")
+    inference_device: str = _field("cpu", "Device for inference: cpu or cuda:N.")
+    training_device: str = _field("cpu", "Device for training: cpu or cuda:N.")
+    total_environment_frames: float = _field(1e9, "Stop after this many env frames (agent steps x action repeat).")
+    log_interval_s: float = _field(10.0, "Seconds between progress lines / metrics.jsonl rows.")
+    checkpoint_interval_s: float = _field(600.0, "Seconds between checkpoints (one is always written on exit).")
+    torch_threads: int = _field(0, "torch intra-op threads in the learner; 0 = number of CPU cores.")
+    # Network.
+    network: str = _field("auto", "mlp, impala_deep or nature; auto = mlp for vectors, the agent's image net otherwise.")
+    network_width: int = _field(1, "Filter multiplier for image networks (paper Table 4 compares 1, 2, 4).")
+    use_lstm: bool = _field(True, "Put an LSTM core after the torso.")
+    lstm_size: int = _field(256, "LSTM hidden units.")
+    mlp_sizes: str = _field("64,64", "Hidden layer sizes of the MLP torso, comma-separated.")
+    # Optimisation (shared).
+    batch_size: int = _field(32, "Unrolls per training batch.")
+    unroll_length: int = _field(100, "Trained steps per unroll (each unroll stores burn_in + unroll_length + 1 steps).")
+    learning_rate: float = _field(4.8e-4, "Adam learning rate.")
+    adam_epsilon: float = _field(1e-7, "Adam epsilon.")
+    adam_beta1: float = _field(0.9, "Adam beta1.")
+    grad_clip_norm: float = _field(0.0, "Global gradient-norm clip; 0 = off.")
+    discounting: float = _field(0.99, "Discount factor.")
+    queue_capacity: int = _field(0, "Completed unrolls the FIFO queue holds before inference blocks; 0 = batch_size.")
+    # V-trace.
+    lambda_: float = _field(1.0, "V-trace lambda.")
+    entropy_cost: float = _field(2.5e-4, "Entropy bonus weight.")
+    baseline_cost: float = _field(0.5, "Baseline loss weight (times 0.5 (vs - V)^2).")
+    clip_rho_threshold: float = _field(1.0, "V-trace rho-bar.")
+    clip_pg_rho_threshold: float = _field(1.0, "V-trace rho-bar for the policy-gradient advantage.")
+    max_abs_reward: float = _field(0.0, "Clip rewards to [-x, x] for the loss; 0 = off.")
+    # Misc.
+    print_config: bool = _field(False, "Print the resolved configuration as JSON and exit.")
+
+    @property
+    def num_envs(self) -> int:
+        return self.num_actors * self.envs_per_actor
+
+
+def define_flags(config_class: type) -> None:
+    """Defines one absl flag per dataclass field, with the field's default and help."""
+    for f in dataclasses.fields(config_class):
+        help_text = f.metadata.get("help", f.name)
+        if f.type in ("bool", bool):
+            flags.DEFINE_bool(f.name, f.default, help_text)
+        elif f.type in ("int", int):
+            flags.DEFINE_integer(f.name, f.default, help_text)
+        elif f.type in ("float", float):
+            flags.DEFINE_float(f.name, f.default, help_text)
+        else:
+            flags.DEFINE_string(f.name, f.default, help_text)
+
+
+def explicit_flags(config_class: type, flag_values: flags.FlagValues) -> dict[str, Any]:
+    """The fields the user set on the command line."""
+    return {f.name: flag_values[f.name].value for f in dataclasses.fields(config_class) if flag_values[f.name].present}
+
+
+def build_config(config_class: type, *layers: dict[str, Any]):
+    """Dataclass defaults overridden by each layer in turn; unknown keys are an error naming them."""
+    names = {f.name for f in dataclasses.fields(config_class)}
+    values: dict[str, Any] = {}
+    for layer in layers:
+        unknown = set(layer) - names
+        if unknown:
+            raise ValueError(f"unknown configuration keys {sorted(unknown)}; expected fields of {config_class.__name__}")
+        values.update(layer)
+    return config_class(**values)
+
+
+def to_json(config: Any, extra: dict[str, Any] | None = None) -> str:
+    return json.dumps({**dataclasses.asdict(config), **(extra or {})}, indent=2, sort_keys=True)

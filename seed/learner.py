@@ -1,0 +1,212 @@
+"""The learner process: gRPC service, central inference, experience pipeline and the training loop.
+
+Threads (one process):
+  gRPC server threads   one per actor stream: decode, submit to the batcher, wait, reply.
+  inference batcher     one per inference device: runs CentralInference.run_batch on grouped requests.
+  prefetcher            stacks unrolls into time-major batches and moves them to the training device.
+  main thread           training loop: loss, optimizer step, publish parameters, metrics, checkpoints.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import signal
+import threading
+import time
+from concurrent import futures
+from typing import Any
+
+import grpc
+import torch
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+
+from seed import checkpoint
+from seed._proto import seed_pb2_grpc
+from seed.agents import agent_module
+from seed.batcher import InferenceBatcher
+from seed.config import LearnerConfig
+from seed.envs import make_spec
+from seed.envs.base import EnvSpec
+from seed.experience import Prefetcher, UnrollQueue
+from seed.inference import CentralInference, FinishedEpisodes
+from seed.learner_service import LearnerService
+from seed.metrics import LearnerMetrics, MetricsWriter
+
+log = logging.getLogger(__name__)
+
+GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0)]
+
+
+def listen_addresses(server_address: str) -> list[str]:
+    addresses = [a.strip() for a in server_address.split(",") if a.strip()]
+    if not addresses:
+        raise ValueError(f"--server_address: got {server_address!r}, expected a comma-separated list of addresses")
+    return addresses
+
+
+def start_grpc_server(servicer: LearnerService, addresses: list[str], max_workers: int
+                      ) -> tuple[grpc.Server, health.HealthServicer, list[str]]:
+    """Binds every address (TCP host:port or unix:/path); returns the server and the bound addresses."""
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
+                         options=GRPC_OPTIONS)
+    seed_pb2_grpc.add_LearnerServicer_to_server(servicer, server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    bound = []
+    for address in addresses:
+        if address.startswith("unix:"):
+            path = address[len("unix:"):]
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            if os.path.exists(path):  # a stale socket from a previous learner on this logdir
+                os.unlink(path)
+        try:
+            port = server.add_insecure_port(address)
+        except RuntimeError as error:
+            raise RuntimeError(f"--server_address: cannot listen on {address!r}: {error}") from None
+        if port == 0 and not address.startswith("unix:"):
+            raise RuntimeError(f"--server_address: cannot listen on {address!r}")
+        bound.append(address if address.startswith("unix:") else f"{address.rsplit(':', 1)[0]}:{port}")
+    server.start()
+    for service in ("", "seed.Learner"):
+        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
+    return server, health_servicer, bound
+
+
+class Learner:
+    """Builds every part from a resolved LearnerConfig; `run()` trains until done or stopped."""
+
+    def __init__(self, config: LearnerConfig, spec: EnvSpec | None = None):
+        self.config = config
+        os.makedirs(config.logdir, exist_ok=True)
+        threads = config.torch_threads or os.cpu_count() or 1
+        torch.set_num_threads(threads)
+        torch.manual_seed(config.seed)
+        self.spec = spec or make_spec(config.env, config.env_options())
+        self.training_device = torch.device(config.training_device)
+        self.inference_device = torch.device(config.inference_device)
+        self.stop_event = threading.Event()
+
+        self.agent = agent_module(config.agent).Agent(self.spec, config)
+        self.agent.network.to(self.training_device)
+        self.optimizer = torch.optim.Adam(self.agent.network.parameters(), lr=config.learning_rate,
+                                          eps=config.adam_epsilon, betas=(config.adam_beta1, 0.999))
+        restored = checkpoint.load(config.logdir)
+        counters = restored["counters"] if restored else {}
+        if restored:
+            self.agent.load_state_dict(restored["agent"])
+            self.optimizer.load_state_dict(restored["optimizer"])
+            print(f"[learner] resumed from {checkpoint.checkpoint_path(config.logdir)}: "
+                  f"env_frames={counters['env_frames']:,} train_steps={counters['train_steps']:,}", flush=True)
+        self.metrics = LearnerMetrics(self.spec.action_repeat, **counters)
+
+        self.unroll_queue = UnrollQueue(config.queue_capacity or config.batch_size, self.stop_event)
+        self.registry: dict[int, int] = {}
+        inference_network = copy.deepcopy(self.agent.network).to(self.inference_device).eval()
+        self.inference = CentralInference(
+            agent=self.agent, network=inference_network, device=self.inference_device, num_envs=config.num_envs,
+            unroll_length=config.unroll_length, burn_in=getattr(config, "burn_in", 0), registry=self.registry,
+            sink=self.unroll_queue.put, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch)
+        self.batcher = InferenceBatcher(config.inference_batch_size, config.batch_timeout_ms / 1000.0,
+                                        self.inference.run_batch)
+        self.prefetcher = Prefetcher(self.unroll_queue.get, config.batch_size, self.training_device, self.stop_event)
+        self.writer = MetricsWriter(config.logdir)
+        self.server: grpc.Server | None = None
+        self.bound_addresses: list[str] = []
+
+    def _on_episodes(self, episodes: FinishedEpisodes) -> None:
+        self.metrics.record_episodes(episodes.returns, episodes.lengths)
+
+    def request_stop(self, *_: Any) -> None:
+        self.stop_event.set()
+
+    def checkpoint(self) -> None:
+        state = {
+            "agent": self.agent.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "counters": {"env_frames": self.metrics.env_frames, "train_steps": self.metrics.train_steps,
+                         "episodes": self.metrics.episodes},
+            "config": vars(self.config).copy(),
+        }
+        checkpoint.save(self.config.logdir, state)
+
+    def train_step(self) -> bool:
+        """One optimizer step on the next prefetched batch; False if none arrived in time."""
+        batch = self.prefetcher.get(timeout=0.2)
+        if batch is None:
+            return False
+        loss, values = self.agent.loss(batch)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if self.config.grad_clip_norm > 0:
+            values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                self.agent.network.parameters(), self.config.grad_clip_norm))
+        self.optimizer.step()
+        self.inference.publish(self.agent.network.state_dict())
+        self.metrics.record_train_step(values)
+        self.agent.after_update(self.metrics.train_steps)
+        return True
+
+    def run(self) -> dict[str, Any]:
+        """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary."""
+        config = self.config
+        servicer = LearnerService(self.spec, config.num_actors, config.envs_per_actor, self.registry,
+                                  [self.batcher], self.metrics)
+        self.batcher.start()
+        self.prefetcher.start()
+        self.server, health_servicer, self.bound_addresses = start_grpc_server(
+            servicer, listen_addresses(config.server_address), max_workers=2 * config.num_actors + 8)
+        print(f"[learner] agent={config.agent} env={config.env} listening on {', '.join(self.bound_addresses)} "
+              f"num_envs={config.num_envs} logdir={config.logdir}", flush=True)
+
+        start = time.monotonic()
+        start_frames = self.metrics.env_frames
+        last_log = last_checkpoint = start
+        last_train_steps = self.metrics.train_steps
+        last_row: dict[str, Any] = {}
+        try:
+            while not self.stop_event.is_set() and self.metrics.env_frames < config.total_environment_frames:
+                self.train_step()
+                now = time.monotonic()
+                if now - last_log >= config.log_interval_s:
+                    last_row = self._log(now - start, now - last_log, last_train_steps)
+                    last_log, last_train_steps = now, self.metrics.train_steps
+                if now - last_checkpoint >= config.checkpoint_interval_s:
+                    self.checkpoint()
+                    last_checkpoint = now
+        finally:
+            self.stop_event.set()
+            for service in ("", "seed.Learner"):
+                health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
+            self.server.stop(grace=1.0)
+            self.batcher.stop()
+            self.checkpoint()
+            now = time.monotonic()
+            if now - last_log > 0.5 or not last_row:
+                last_row = self._log(now - start, now - last_log, last_train_steps)
+            self.writer.close()
+        wall = time.monotonic() - start
+        summary = {
+            "env_frames": self.metrics.env_frames,
+            "train_steps": self.metrics.train_steps,
+            "wall_time_s": round(wall, 1),
+            "mean_env_frames_per_sec": round((self.metrics.env_frames - start_frames) / max(wall, 1e-9), 1),
+            "last_episode_return_mean": last_row.get("episode_return_mean"),
+        }
+        print(f"[learner] done: frames={summary['env_frames']:,} wall={summary['wall_time_s']}s "
+              f"mean_fps={summary['mean_env_frames_per_sec']:,.0f} "
+              f"last_return_mean={summary['last_episode_return_mean']}", flush=True)
+        return summary
+
+    def _log(self, elapsed_s: float, window_s: float, last_train_steps: int) -> dict[str, Any]:
+        row = self.metrics.snapshot(elapsed_s, {"window_s": window_s, "queue_size": self.unroll_queue.qsize()})
+        row["train_steps_per_sec"] = (row["train_steps"] - last_train_steps) / max(window_s, 1e-9)
+        self.writer.write(row)
+        return row
+
+
+def install_signal_handlers(learner: Learner) -> None:
+    signal.signal(signal.SIGTERM, learner.request_stop)
+    signal.signal(signal.SIGINT, learner.request_stop)

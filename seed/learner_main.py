@@ -1,0 +1,84 @@
+"""`seed-learner`: the learner process. `--agent` and `--env` pick everything else.
+
+    seed-learner --agent=vtrace --env=gym:CartPole-v1 --num_actors=2 --envs_per_actor=4
+    seed-learner --agent=r2d2 --env=atari:Pong --print_config
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+from absl import app, flags
+
+from seed.agents import agent_module
+from seed.config import LearnerConfig, build_config, define_flags, explicit_flags, to_json
+from seed.envs import split_env_name
+
+
+def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
+    """Dataclass defaults < the agent's defaults for the env family < flags the user typed; then derived values."""
+    base = build_config(LearnerConfig, explicit)
+    family, name = split_env_name(base.env)
+    agent_defaults = agent_module(base.agent).default_config(family)
+    config = build_config(LearnerConfig, agent_defaults, explicit)
+    if not config.logdir:
+        config.logdir = f"logs/{config.agent}-{family}-{name}"
+    config.server_address = config.server_address.replace("{logdir}", config.logdir)
+    if config.inference_batch_size == -1:
+        config.inference_batch_size = max(config.envs_per_actor, config.num_envs // 2)
+    if config.queue_capacity == 0:
+        config.queue_capacity = config.batch_size
+    validate(config)
+    return config
+
+
+def validate(config: LearnerConfig) -> None:
+    checks = [
+        ("num_actors", config.num_actors >= 1, ">= 1"),
+        ("envs_per_actor", config.envs_per_actor >= 1, ">= 1"),
+        ("inference_batch_size", config.inference_batch_size >= 1, ">= 1 or -1 (auto)"),
+        ("batch_size", config.batch_size >= 1, ">= 1"),
+        ("unroll_length", config.unroll_length >= 1, ">= 1"),
+        ("discounting", 0.0 <= config.discounting <= 1.0, "in [0, 1]"),
+        ("learning_rate", config.learning_rate > 0, "> 0"),
+        ("network_width", config.network_width >= 1, ">= 1"),
+    ]
+    for name, ok, expected in checks:
+        if not ok:
+            raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
+    for name in ("inference_device", "training_device"):
+        value = getattr(config, name)
+        if not (value == "cpu" or value.startswith("cuda")):
+            raise ValueError(f"--{name}: got {value!r}, expected cpu or cuda:N")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        config = resolve_config(explicit_flags(LearnerConfig, flags.FLAGS))
+    except ValueError as error:
+        print(f"seed-learner: {error}", file=sys.stderr)
+        sys.exit(2)
+    module = agent_module(config.agent)
+    if config.print_config:
+        extra = module.describe_config(config) if hasattr(module, "describe_config") else {}
+        print(to_json(config, {"num_envs": config.num_envs, **extra}))
+        return
+    import torch  # noqa: F401  (imported late so --help and --print_config stay fast)
+
+    from seed.learner import Learner, install_signal_handlers
+
+    learner = Learner(config)
+    install_signal_handlers(learner)
+    learner.run()
+
+
+def run() -> None:
+    define_flags(LearnerConfig)
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

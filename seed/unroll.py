@@ -1,0 +1,67 @@
+"""Data contracts between inference, the unroll store, the queue or replay, and the loss.
+
+Step fields stored for every env step t (time index within an unroll):
+
+  observation  [*obs_shape]  the single frame the actor sent at t
+  reward       float32       reward received on arriving at t (the last reward of the old episode if done)
+  done         bool          t is the first step of a new episode (forced True on an env's first contact)
+  truncated    bool          the episode that ended at t was cut by the time limit (only with done)
+  prev_action  int64         the action fed to the network at t (the action taken at t - 1)
+  action       int64         the action taken at t
+  valid        bool          False for the zero padding in front of a fresh env's first unroll
+  <agent outputs>            e.g. policy_logits [A] (V-trace) or q_values [A] (R2D2), at t
+
+An unroll holds `burn_in + unroll_length + 1` consecutive steps of one env; the last step only provides the
+bootstrap. `initial_state` is the agent state (recurrent core state, frame stack) before the first stored step.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+STEP_FIELDS = ("observation", "reward", "done", "truncated", "prev_action", "action", "valid")
+
+
+@dataclasses.dataclass
+class Unroll:
+    """One unroll ([L, ...] per field) or a time-major batch of them ([L, B, ...], made by `stack`).
+
+    Attributes:
+      steps: step fields (see module docstring) and agent outputs.
+      initial_state: agent state before steps[0]; [...] for one unroll, [B, ...] for a batch.
+      env_id: int64 [] for one unroll, [B] for a batch.
+    """
+
+    steps: dict[str, torch.Tensor]
+    initial_state: dict[str, torch.Tensor]
+    env_id: torch.Tensor
+
+    def __getattr__(self, name: str) -> torch.Tensor:
+        # unroll.reward reads unroll.steps["reward"]; keeps loss code close to the paper's notation.
+        steps = self.__dict__.get("steps")
+        if steps is not None and name in steps:
+            return steps[name]
+        raise AttributeError(name)
+
+    @property
+    def length(self) -> int:
+        return int(self.steps["reward"].shape[0])
+
+    @staticmethod
+    def stack(unrolls: list[Unroll]) -> Unroll:
+        """Time-major batch: step fields [L, B, ...], initial state [B, ...], env ids [B]."""
+        steps = {key: torch.stack([u.steps[key] for u in unrolls], dim=1) for key in unrolls[0].steps}
+        state = {key: torch.stack([u.initial_state[key] for u in unrolls]) for key in unrolls[0].initial_state}
+        return Unroll(steps, state, torch.stack([u.env_id for u in unrolls]))
+
+    def map(self, fn) -> Unroll:
+        return Unroll({k: fn(v) for k, v in self.steps.items()},
+                      {k: fn(v) for k, v in self.initial_state.items()}, fn(self.env_id))
+
+    def to(self, device: torch.device | str, non_blocking: bool = False) -> Unroll:
+        return self.map(lambda t: t.to(device, non_blocking=non_blocking))
+
+    def pin_memory(self) -> Unroll:
+        return self.map(lambda t: t.pin_memory())

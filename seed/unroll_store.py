@@ -1,0 +1,103 @@
+"""Builds fixed-length, overlapping unrolls from the stream of inference steps.
+
+Each env has a row of `length = burn_in + unroll_length + 1` steps. When a row is full it is emitted and
+its last `overlap = burn_in + 1` steps move to the front, so consecutive unrolls of one env share the
+bootstrap step plus the burn-in prefix. Unrolls cross episode boundaries; they are never cut at episode
+ends (the `done` flags inside tell the network and the loss where episodes start).
+
+A fresh env (first contact, or a new actor run id) starts writing at index `overlap - 1 = burn_in`; the
+prefix before it is zero padding with `valid = False`.
+
+The state stored with an unroll is the agent state before its first stored step: for the first unroll of
+a fresh env the zero state, afterwards the state snapshotted when the step that becomes index 0 of the next
+unroll (index `unroll_length` of the current one) was processed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from seed.unroll import Unroll
+
+State = dict[str, torch.Tensor]
+
+
+class UnrollStore:
+    """Partial unrolls for `num_envs` envs, kept on the host.
+
+    Field buffers are allocated on the first `append` from the dtypes and shapes it receives.
+    """
+
+    def __init__(self, num_envs: int, unroll_length: int, burn_in: int = 0):
+        if unroll_length < 1:
+            raise ValueError(f"unroll_length: got {unroll_length}, expected >= 1")
+        if not 0 <= burn_in < unroll_length:
+            # The state for the next unroll is snapshotted at index unroll_length, which must be a step
+            # written in every cycle (writing resumes at burn_in + 1).
+            raise ValueError(f"burn_in: got {burn_in}, expected 0 <= burn_in < unroll_length ({unroll_length})")
+        self.num_envs = num_envs
+        self.unroll_length = unroll_length
+        self.burn_in = burn_in
+        self.length = burn_in + unroll_length + 1
+        self.overlap = burn_in + 1
+        self.write_index = torch.full((num_envs,), self.overlap - 1, dtype=torch.int64)
+        self.steps: dict[str, torch.Tensor] = {}
+        self.initial_state: State = {}
+        self._next_initial_state: State = {}
+
+    def _allocate(self, step: dict[str, torch.Tensor], state_before: State) -> None:
+        for key, value in step.items():
+            self.steps[key] = torch.zeros((self.num_envs, self.length) + value.shape[1:], dtype=value.dtype)
+        self.steps["valid"] = torch.zeros((self.num_envs, self.length), dtype=torch.bool)
+        for key, value in state_before.items():
+            self.initial_state[key] = torch.zeros((self.num_envs,) + value.shape[1:], dtype=value.dtype)
+            self._next_initial_state[key] = torch.zeros_like(self.initial_state[key])
+
+    def reset(self, env_ids: torch.Tensor) -> None:
+        """Discards the partial unrolls of `env_ids` (their actor restarted); they restart as fresh envs."""
+        self.write_index[env_ids] = self.overlap - 1
+        for buffer in self.steps.values():
+            buffer[env_ids] = 0
+        for buffer in (*self.initial_state.values(), *self._next_initial_state.values()):
+            buffer[env_ids] = 0
+
+    def append(self, env_ids: torch.Tensor, step: dict[str, torch.Tensor], state_before: State) -> list[Unroll]:
+        """Writes one step for each env in `env_ids` and returns the unrolls this completed.
+
+        Args:
+          env_ids: int64 [B], distinct env ids.
+          step: field -> [B, ...] values of this step (any device; moved to the host).
+          state_before: key -> [B, ...] agent state fed into this step.
+        """
+        env_ids = env_ids.cpu()
+        step = {k: v.cpu() for k, v in step.items()}
+        if not self.steps:
+            self._allocate(step, state_before)
+        index = self.write_index[env_ids]
+        snapshot = index == self.unroll_length
+        if snapshot.any():
+            rows = env_ids[snapshot]
+            positions = snapshot.nonzero().squeeze(1)
+            for key, value in state_before.items():
+                self._next_initial_state[key][rows] = value.index_select(0, positions.to(value.device)).cpu()
+        for key, value in step.items():
+            self.steps[key][env_ids, index] = value
+        self.steps["valid"][env_ids, index] = True
+        self.write_index[env_ids] = index + 1
+        full = env_ids[index + 1 == self.length]
+        return self._emit(full) if len(full) else []
+
+    def _emit(self, env_ids: torch.Tensor) -> list[Unroll]:
+        steps = {k: v[env_ids] for k, v in self.steps.items()}  # advanced indexing copies
+        state = {k: v[env_ids] for k, v in self.initial_state.items()}
+        unrolls = [
+            Unroll({k: v[i] for k, v in steps.items()}, {k: v[i] for k, v in state.items()}, env_ids[i])
+            for i in range(len(env_ids))
+        ]
+        tail = slice(self.length - self.overlap, self.length)
+        for buffer in self.steps.values():
+            buffer[env_ids, : self.overlap] = buffer[env_ids, tail]
+        for key in self.initial_state:
+            self.initial_state[key][env_ids] = self._next_initial_state[key][env_ids]
+        self.write_index[env_ids] = self.overlap
+        return unrolls

@@ -1,0 +1,76 @@
+"""Encoding between numpy arrays and the wire protocol's messages (protos/seed.proto).
+
+Tensors travel as raw bytes plus dtype and shape. Decoding is zero-copy: the returned arrays are
+read-only views on the message's bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from seed._proto import seed_pb2
+from seed.envs.base import EnvSpec, EpisodeStats
+
+
+class WireError(ValueError):
+    """A message that does not match the protocol (wrong dtype, shape or size)."""
+
+
+def encode_tensor(array: np.ndarray) -> seed_pb2.Tensor:
+    array = np.ascontiguousarray(array)
+    return seed_pb2.Tensor(dtype=array.dtype.name, shape=array.shape, data=array.tobytes())
+
+
+def decode_tensor(tensor: seed_pb2.Tensor, field: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
+    """Returns a read-only view of `tensor`, checked against the expected dtype and shape."""
+    if tensor.dtype != dtype:
+        raise WireError(f"{field}.dtype: got {tensor.dtype!r}, expected {dtype!r}")
+    if tuple(tensor.shape) != tuple(shape):
+        raise WireError(f"{field}.shape: got {list(tensor.shape)}, expected {list(shape)}")
+    expected_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    if len(tensor.data) != expected_bytes:
+        raise WireError(f"{field}.data: got {len(tensor.data)} bytes, expected {expected_bytes}")
+    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+
+
+def spec_to_proto(spec: EnvSpec) -> seed_pb2.EnvSpec:
+    return seed_pb2.EnvSpec(
+        env=spec.name,
+        observation_shape=spec.observation_shape,
+        observation_dtype=spec.observation_dtype,
+        num_actions=spec.num_actions,
+        action_repeat=spec.action_repeat,
+        frame_stack=spec.frame_stack,
+    )
+
+
+def spec_from_proto(message: seed_pb2.EnvSpec) -> EnvSpec:
+    return EnvSpec(
+        name=message.env,
+        observation_shape=tuple(message.observation_shape),
+        observation_dtype=message.observation_dtype,
+        num_actions=message.num_actions,
+        action_repeat=message.action_repeat,
+        frame_stack=message.frame_stack,
+    )
+
+
+def spec_mismatch(received: EnvSpec, expected: EnvSpec) -> str | None:
+    """A message naming every field where the actor's spec differs from the learner's, or None."""
+    problems = [
+        f"spec.{field}: got {getattr(received, field)!r}, expected {getattr(expected, field)!r}"
+        for field in ("name", "observation_shape", "observation_dtype", "num_actions", "action_repeat", "frame_stack")
+        if getattr(received, field) != getattr(expected, field)
+    ]
+    return "; ".join(problems) or None
+
+
+def episode_to_proto(stats: EpisodeStats) -> seed_pb2.EpisodeStats:
+    return seed_pb2.EpisodeStats(
+        env_index=stats.env_index,
+        episode_return=stats.episode_return,
+        raw_return=stats.raw_return,
+        steps=stats.steps,
+        frames=stats.frames,
+        truncated=stats.truncated,
+    )

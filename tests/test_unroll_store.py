@@ -1,0 +1,92 @@
+"""Unroll store: overlap semantics, crossing episode ends, restarts discard partial unrolls."""
+
+import pytest
+import torch
+
+from seed.unroll_store import UnrollStore
+
+
+def _step(values, done=None):
+    values = torch.as_tensor(values, dtype=torch.float32)
+    done = torch.zeros(len(values), dtype=torch.bool) if done is None else torch.as_tensor(done)
+    return {"reward": values, "done": done}
+
+
+def _state(values):
+    return {"h": torch.as_tensor(values, dtype=torch.float32)[:, None]}
+
+
+def test_vtrace_unrolls_overlap_by_the_bootstrap_step():
+    store = UnrollStore(num_envs=1, unroll_length=3, burn_in=0)
+    emitted = []
+    for t in range(10, 17):
+        emitted += store.append(torch.tensor([0]), _step([t]), _state([t]))
+    assert [u.reward.tolist() for u in emitted] == [[10, 11, 12, 13], [13, 14, 15, 16]]
+    assert all(u.valid.all() for u in emitted)
+    # The state stored with an unroll is the state fed into its first step.
+    assert [u.initial_state["h"].item() for u in emitted] == [0.0, 13.0]
+
+
+def test_burn_in_prefix_is_padding_first_then_real_overlap():
+    # SEED's test_overlap_2: unroll 2, overlap 2 -> [0, 10, 11, 12] then [11, 12, 13, 14] here with burn_in=1.
+    store = UnrollStore(num_envs=1, unroll_length=2, burn_in=1)
+    emitted = []
+    for t in range(10, 15):
+        emitted += store.append(torch.tensor([0]), _step([t]), _state([100 + t]))
+    assert [u.reward.tolist() for u in emitted] == [[0, 10, 11, 12], [11, 12, 13, 14]]
+    assert emitted[0].valid.tolist() == [False, True, True, True]
+    assert emitted[1].valid.tolist() == [True, True, True, True]
+    # First unroll: zero state (before the padding); second: the state fed into step 11, its first step.
+    assert [u.initial_state["h"].item() for u in emitted] == [0.0, 111.0]
+
+
+def test_paper_r2d2_geometry_120_steps_overlapping_by_41():
+    store = UnrollStore(num_envs=2, unroll_length=80, burn_in=40)
+    emitted = []
+    for t in range(300):
+        emitted += store.append(torch.tensor([0, 1]), _step([t, t]), _state([t, t]))
+    first, second = emitted[0], emitted[2]
+    assert first.length == 121 and first.valid.sum() == 81
+    assert torch.equal(second.reward[:41], first.reward[-41:])
+    assert second.initial_state["h"].item() == second.reward[0].item()
+
+
+def test_unrolls_cross_episode_ends():
+    store = UnrollStore(num_envs=1, unroll_length=4)
+    emitted = []
+    for t in range(5):
+        emitted += store.append(torch.tensor([0]), _step([t], done=[t == 2]), _state([t]))
+    assert len(emitted) == 1
+    assert emitted[0].done.tolist() == [False, False, True, False, False]
+
+
+def test_restart_discards_partial_unroll_and_pads_again():
+    store = UnrollStore(num_envs=2, unroll_length=3, burn_in=1)
+    for t in range(3):
+        store.append(torch.tensor([0, 1]), _step([t, t]), _state([t, t]))
+    store.reset(torch.tensor([0]))
+    emitted = []
+    for t in range(50, 53):
+        emitted += store.append(torch.tensor([0, 1]), _step([t, t]), _state([t, t]))
+    by_env = {int(u.env_id): u for u in emitted}
+    assert set(by_env) == {1}
+    assert by_env[1].reward.tolist() == [0, 0, 1, 2, 50]
+    # Env 0 lost its steps 0..2: its first unroll after the restart is padding + new steps only.
+    store_emitted = []
+    for t in range(53, 55):
+        store_emitted += store.append(torch.tensor([0]), _step([t]), _state([t]))
+    assert [u.reward.tolist() for u in store_emitted] == [[0, 50, 51, 52, 53]]
+    assert store_emitted[0].valid.tolist() == [False, True, True, True, True]
+
+
+def test_envs_in_any_order_and_subsets():
+    store = UnrollStore(num_envs=3, unroll_length=1)
+    out = store.append(torch.tensor([2, 0]), _step([20, 0]), _state([0, 0]))
+    out += store.append(torch.tensor([0]), _step([1]), _state([0]))
+    out += store.append(torch.tensor([1, 2]), _step([10, 21]), _state([0, 0]))
+    assert sorted((int(u.env_id), u.reward.tolist()) for u in out) == [(0, [0, 1]), (2, [20, 21])]
+
+
+def test_burn_in_must_be_shorter_than_unroll():
+    with pytest.raises(ValueError, match="burn_in: got 5, expected"):
+        UnrollStore(num_envs=1, unroll_length=5, burn_in=5)
