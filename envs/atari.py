@@ -113,16 +113,17 @@ def _game_info(game: str) -> tuple[int, tuple[int, int]]:
 # ----------------------------------------------------------------------------------------------- options
 
 
-def _int_option(options: dict[str, Any], key: str, minimum: int) -> int:
+def _int_option(options: dict[str, Any], key: str, minimum: int | None) -> int:
     value = options.get(key, DEFAULTS[key])
+    expected = "an integer" if minimum is None else f"an integer >= {minimum}"
     if isinstance(value, bool) or not isinstance(value, (int, np.integer, str)):
-        raise ValueError(f"{key}: got {value!r}, expected an integer >= {minimum}")
+        raise ValueError(f"{key}: got {value!r}, expected {expected}")
     try:
         number = int(value)
     except ValueError:
-        raise ValueError(f"{key}: got {value!r}, expected an integer >= {minimum}") from None
-    if number < minimum:
-        raise ValueError(f"{key}: got {number}, expected an integer >= {minimum}")
+        raise ValueError(f"{key}: got {value!r}, expected {expected}") from None
+    if minimum is not None and number < minimum:
+        raise ValueError(f"{key}: got {number}, expected {expected}")
     return number
 
 
@@ -422,7 +423,7 @@ def make_batch(name: str, num_envs: int, first_env_id: int, options: dict[str, A
     rom_id(name)
     if num_envs < 1:
         raise ValueError(f"num_envs: got {num_envs}, expected at least 1")
-    seed = _int_option(options, "seed", -(2**63))
+    seed = _int_option(options, "seed", None)
     seeds = [seed + first_env_id + i for i in range(num_envs)]
     kwargs = dict(
         action_repeat=_int_option(options, "action_repeat", 1),

@@ -106,7 +106,7 @@ def test_preprocessing_matches_independent_reference(repeat):
     got = [env.reset()] + [env.step(a).observation for a in actions]
     assert env.ale.getEpisodeFrameNumber() == env.last_noops + repeat * len(actions)
     expected = _replay("Breakout", env.last_noops, actions, repeat)
-    for t, (a, b) in enumerate(zip(got, expected)):
+    for t, (a, b) in enumerate(zip(got, expected, strict=True)):
         np.testing.assert_array_equal(a, b, err_msg=f"agent step {t}")
 
 
