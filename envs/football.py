@@ -17,8 +17,11 @@ installed by `make football` (launch/install_football.sh); it needs gym==0.25.2 
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import pkgutil
+import warnings
 from typing import Any
 
 import numpy as np
@@ -37,7 +40,10 @@ def _gfootball():
     # Never open a window: the engine runs headless (render=False) and SDL must not look for a display.
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     try:
-        import gfootball.env as football_env
+        # gym 0.25.2 prints an "unmaintained" notice to stderr on import; we pin it knowingly (gfootball needs
+        # its old API, and we never call gym.make, whose env checker is what breaks under NumPy 2).
+        with contextlib.redirect_stderr(io.StringIO()):
+            import gfootball.env as football_env
     except ImportError as e:
         raise RuntimeError(f"--env=football: gfootball is not importable ({e}); {_INSTALL_HINT}") from e
     return football_env
@@ -46,7 +52,7 @@ def _gfootball():
 def smm_size(options: dict[str, Any]) -> tuple[int, int]:
     """options['smm_size'] -> (width, height)."""
     value = options.get("smm_size", "default")
-    if value not in SMM_SIZES:
+    if not isinstance(value, str) or value not in SMM_SIZES:
         raise ValueError(f"smm_size: got {value!r}, expected one of {', '.join(SMM_SIZES)}")
     return SMM_SIZES[value]
 
@@ -118,19 +124,21 @@ class FootballEnv:
         # The engine reuses game_engine_random_seed for every episode, so draw a fresh one before each reset
         # from a generator seeded once: episodes differ, runs repeat.
         self._rng = np.random.default_rng(seed)
-        self._env = football_env.create_environment(
-            env_name=scenario,
-            stacked=True,
-            representation="extracted",
-            rewards=rewards,
-            channel_dimensions=(width, height),
-            render=False,
-            write_goal_dumps=False,
-            write_full_episode_dumps=False,
-            write_video=False,
-            logdir="",
-            other_config_options={"game_engine_random_seed": self._next_seed()},
-        )
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=".*old step API.*")  # gfootball uses it on purpose
+            self._env = football_env.create_environment(
+                env_name=scenario,
+                stacked=True,
+                representation="extracted",
+                rewards=rewards,
+                channel_dimensions=(width, height),
+                render=False,
+                write_goal_dumps=False,
+                write_full_episode_dumps=False,
+                write_video=False,
+                logdir="",
+                other_config_options={"game_engine_random_seed": self._next_seed()},
+            )
         if self._env.action_space.n != spec.num_actions:
             raise ValueError(f"--env={spec.name}: env has {self._env.action_space.n} actions, spec {spec.num_actions}")
 

@@ -56,13 +56,31 @@ if [[ "${SKIP_APT:-0}" != "1" ]]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${APT_PACKAGES[@]}"
 fi
 
-log "$PYTHON -m pip install psutil wheel six $GYM_SPEC"
-"$PYTHON" -m pip install psutil wheel six "$GYM_SPEC"
+# The engine links Boost.Python, which Debian builds for its own python3 only (bookworm: 3.11). $PYTHON must
+# have the same major.minor, or CMake stops with "Boost Python not found".
+PY_MM=$("$PYTHON" -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
+boost_python_libs() { find /usr/lib /usr/lib64 /usr/local/lib -maxdepth 2 -name "libboost_python$1.so" 2>/dev/null; }
+if [[ -z "$(boost_python_libs "$PY_MM")" ]]; then
+  log "no Boost.Python for Python ${PY_MM:0:1}.${PY_MM:1} (libboost_python$PY_MM.so); found:" \
+    "$(boost_python_libs '*' | xargs -r -n1 basename | tr '\n' ' ')"
+  log "use a Python whose version matches the system's Boost.Python (PYTHON=...), or build Boost.Python for it."
+  exit 1
+fi
 
-# --no-build-isolation: the build script runs `python3 -c 'import psutil'`, so psutil must be importable
-# by the interpreter doing the build (installed just above). Keeping gym pinned stops pip from upgrading it.
-log "$PYTHON -m pip install --no-build-isolation gfootball==$GFOOTBALL_VERSION (builds the C++ engine; takes minutes)"
-"$PYTHON" -m pip install --no-build-isolation "gfootball==$GFOOTBALL_VERSION" "$GYM_SPEC"
+# gfootball's own run-time requirements, except that we take opencv-python-headless instead of opencv-python:
+# both wheels install the same cv2 package, and the project already uses the headless one (atari extra).
+# gfootball only needs cv2 for rendering, which we never do.
+RUNTIME_DEPS=(psutil wheel six "$GYM_SPEC" pygame scipy absl-py opencv-python-headless)
+log "$PYTHON -m pip install ${RUNTIME_DEPS[*]}"
+"$PYTHON" -m pip install "${RUNTIME_DEPS[@]}"
+
+# --no-build-isolation: the engine build runs `python3 -c 'import psutil'`, so psutil must be importable by
+# the interpreter doing the build (installed just above). --no-deps: the dependencies are installed above
+# (pip check will name the missing opencv-python; that is expected). pip caches the built wheel, so a
+# reinstall takes seconds.
+log "$PYTHON -m pip install --no-build-isolation --no-deps gfootball==$GFOOTBALL_VERSION" \
+  "(builds the C++ engine: about 5 minutes on 2 cores)"
+"$PYTHON" -m pip install --no-build-isolation --no-deps "gfootball==$GFOOTBALL_VERSION"
 
 if ! check; then
   log "gfootball installed but 'import gfootball.env' still fails:"
