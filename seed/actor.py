@@ -52,6 +52,9 @@ class _Stream:
         self._outgoing.put(message)
         return next(self._responses)
 
+    def cancel(self) -> None:
+        self._responses.cancel()
+
     def close(self) -> None:
         self._outgoing.put(None)
         self._responses.cancel()
@@ -69,6 +72,14 @@ class Actor:
         self.agent_steps = 0
         self.latencies_s: list[float] = []  # round trips of the current log window
         self.connections = 0
+        self._stream: _Stream | None = None
+
+    def request_stop(self) -> None:
+        """Stops the actor from any thread or a signal handler, also while it waits for the learner."""
+        self.stop.set()
+        stream = self._stream
+        if stream is not None:
+            stream.cancel()
 
     def run(self) -> None:
         backoff = 0.1
@@ -104,10 +115,11 @@ class Actor:
             self._wait_for_learner(channel)
             if self.stop.is_set():
                 return
-            stream = _Stream(seed_pb2_grpc.LearnerStub(channel))
+            self._stream = stream = _Stream(seed_pb2_grpc.LearnerStub(channel))
             try:
                 self._serve(stream, run_id)
             finally:
+                self._stream = None
                 stream.close()
 
     def _serve(self, stream: _Stream, run_id: int) -> None:

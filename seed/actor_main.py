@@ -23,8 +23,8 @@ def main(argv: list[str]) -> None:
     from seed.actor import Actor, ConfigurationError
 
     actor = Actor(config)
-    signal.signal(signal.SIGTERM, lambda *_: actor.stop.set())
-    signal.signal(signal.SIGINT, lambda *_: actor.stop.set())
+    signal.signal(signal.SIGTERM, lambda *_: actor.request_stop())
+    signal.signal(signal.SIGINT, lambda *_: actor.request_stop())
     try:
         actor.run()
     except ConfigurationError as error:

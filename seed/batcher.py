@@ -62,13 +62,15 @@ class InferenceBatcher:
         self._run_batch = run_batch
         self._queue: queue.SimpleQueue[StepRequest] = queue.SimpleQueue()
         self._stop = threading.Event()
+        self._submit_lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> None:
         self._thread.start()
 
     def stop(self) -> None:
-        self._stop.set()
+        with self._submit_lock:
+            self._stop.set()
         self._thread.join(timeout=10)
         # Whatever is left will never run.
         while True:
@@ -79,7 +81,11 @@ class InferenceBatcher:
             request.future.set_exception(StaleRequest("learner is shutting down"))
 
     def submit(self, request: StepRequest) -> Future:
-        self._queue.put(request)
+        with self._submit_lock:
+            if self._stop.is_set():
+                request.future.set_exception(StaleRequest("learner is shutting down"))
+            else:
+                self._queue.put(request)
         return request.future
 
     def _next_batch(self) -> list[StepRequest] | None:

@@ -10,6 +10,7 @@ Threads (one process):
 from __future__ import annotations
 
 import copy
+import json
 import logging
 import os
 import signal
@@ -153,7 +154,7 @@ class Learner:
         """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary."""
         config = self.config
         servicer = LearnerService(self.spec, config.num_actors, config.envs_per_actor, self.registry,
-                                  [self.batcher], self.metrics)
+                                  [self.batcher], self.metrics, self.stop_event)
         self.batcher.start()
         self.prefetcher.start()
         self.server, health_servicer, self.bound_addresses = start_grpc_server(
@@ -195,6 +196,8 @@ class Learner:
             "mean_env_frames_per_sec": round((self.metrics.env_frames - start_frames) / max(wall, 1e-9), 1),
             "last_episode_return_mean": last_row.get("episode_return_mean"),
         }
+        with open(os.path.join(config.logdir, "summary.json"), "w") as f:
+            json.dump(summary, f)
         print(f"[learner] done: frames={summary['env_frames']:,} wall={summary['wall_time_s']}s "
               f"mean_fps={summary['mean_env_frames_per_sec']:,.0f} "
               f"last_return_mean={summary['last_episode_return_mean']}", flush=True)

@@ -8,7 +8,10 @@ only that actor's stream (INVALID_ARGUMENT naming the field); the other actors a
 from __future__ import annotations
 
 import logging
+import threading
 import uuid
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from collections.abc import Iterator
 
 import grpc
@@ -32,13 +35,14 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
     """
 
     def __init__(self, spec: EnvSpec, num_actors: int, envs_per_actor: int, registry: dict[int, int],
-                 batchers: list[InferenceBatcher], metrics: LearnerMetrics):
+                 batchers: list[InferenceBatcher], metrics: LearnerMetrics, stop: threading.Event):
         self.spec = spec
         self.num_actors = num_actors
         self.envs_per_actor = envs_per_actor
         self.registry = registry
         self.batchers = batchers
         self.metrics = metrics
+        self.stop = stop
         self.learner_run = uuid.uuid4().hex[:12]
 
     def _check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
@@ -47,6 +51,15 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         if handshake.num_envs != self.envs_per_actor:
             return f"num_envs: got {handshake.num_envs}, expected {self.envs_per_actor} (--envs_per_actor)"
         return wire.spec_mismatch(wire.spec_from_proto(handshake.spec), self.spec)
+
+    def _wait(self, future: Future) -> np.ndarray:
+        """The request's actions; gives up when the learner stops so no server thread outlives it."""
+        while True:
+            try:
+                return future.result(timeout=0.5)
+            except FutureTimeout:
+                if self.stop.is_set():
+                    raise StaleRequest("learner is shutting down") from None
 
     def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
         try:
@@ -88,7 +101,7 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
             except wire.WireError as error:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor}: {error}")
             try:
-                actions = batcher.submit(request).result()
+                actions = self._wait(batcher.submit(request))
             except StaleRequest as error:
                 context.abort(grpc.StatusCode.ABORTED, str(error))
             except Exception as error:  # inference failed for this batch; the actor reconnects

@@ -111,12 +111,13 @@ class Agent:
         entropy_loss = -c.entropy_cost * entropy
         total = policy_loss + baseline_loss + entropy_loss
         metrics = {
-            "loss/policy": policy_loss.item(),
-            "loss/baseline": baseline_loss.item(),
-            "loss/entropy": entropy_loss.item(),
-            "loss/total": total.item(),
+            # SEED's summary names.
+            "losses/policy": policy_loss.item(),
+            "losses/V": baseline_loss.item(),
+            "losses/entropy": entropy_loss.item(),
+            "losses/total": total.item(),
             "policy/entropy": entropy.item(),
-            "value/mean": baseline[:-1].mean().item(),
+            "V/value function": baseline[:-1].mean().item(),
         }
         return total, metrics
 

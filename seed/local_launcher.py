@@ -1,0 +1,169 @@
+"""Runs one learner and `--num_actors` actor processes on this machine (what `launch/local.sh` calls).
+
+Every flag goes to the learner; the flags an actor understands (env flags) go to the actors too. Actors
+talk to the learner over a unix socket in the logdir unless `--server_address` says otherwise. The launcher
+waits until the learner serves (gRPC health check) before it starts actors and counts their failures; it
+restarts a crashed actor, stops every child on exit, Ctrl-C or SIGTERM, and exits with the learner's status.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from seed.config import ActorConfig, LearnerConfig
+
+MAX_ACTOR_RESTARTS = 20
+LEARNER_START_TIMEOUT_S = 300.0
+
+
+def parse_flags(argv: list[str]) -> dict[str, str]:
+    """`--name=value`, `--name` and `--noname` -> {name: value}; anything else is a usage error."""
+    values = {}
+    learner_fields = {f.name for f in dataclasses.fields(LearnerConfig)}
+    for arg in argv:
+        if not arg.startswith("--"):
+            raise SystemExit(f"local.sh: unexpected argument {arg!r}; flags look like --name=value")
+        name, sep, value = arg[2:].partition("=")
+        if not sep:
+            if name.startswith("no") and name[2:] in learner_fields:
+                name, value = name[2:], "false"
+            else:
+                value = "true"
+        values[name] = value
+    return values
+
+
+def actor_address(server_address: str) -> str:
+    """The address local actors should dial: the unix socket if there is one, else the first TCP address."""
+    addresses = [a.strip() for a in server_address.split(",") if a.strip()]
+    for address in addresses:
+        if address.startswith("unix:"):
+            return address
+    host, _, port = addresses[0].rpartition(":")
+    if host in ("[::]", "0.0.0.0", ""):
+        host = "localhost"
+    return f"{host}:{port}"
+
+
+def wait_until_serving(address: str, learner: subprocess.Popen, timeout_s: float) -> bool:
+    deadline = time.monotonic() + timeout_s
+    with grpc.insecure_channel(address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        while time.monotonic() < deadline and learner.poll() is None:
+            try:
+                response = stub.Check(health_pb2.HealthCheckRequest(service="seed.Learner"), timeout=1.0)
+                if response.status == health_pb2.HealthCheckResponse.SERVING:
+                    return True
+            except grpc.RpcError:
+                pass
+            time.sleep(0.2)
+    return False
+
+
+def stop_all(processes: list[subprocess.Popen], timeout_s: float = 30.0) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def main(argv: list[str]) -> int:
+    from seed.learner_main import resolve_config
+
+    flags = parse_flags(argv)
+    learner_fields = {f.name for f in dataclasses.fields(LearnerConfig)}
+    unknown = sorted(set(flags) - learner_fields)
+    if unknown:
+        print(f"local.sh: unknown flags {unknown}; see `seed-learner --helpfull`", file=sys.stderr)
+        return 2
+    flags.setdefault("agent", "vtrace")
+    flags.setdefault("env", "gym:CartPole-v1")
+    flags.setdefault("num_actors", "2")
+    # Parse the typed values the same way the learner will, to learn the logdir and address.
+    typed = {}
+    for f in dataclasses.fields(LearnerConfig):
+        if f.name in flags:
+            raw = flags[f.name]
+            kind = type(f.default)
+            typed[f.name] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
+    config = resolve_config({**typed, **({} if "server_address" in flags else {"server_address": "unix:{logdir}/learner.sock"})})
+    flags["logdir"] = config.logdir
+    flags["server_address"] = config.server_address
+    os.makedirs(config.logdir, exist_ok=True)
+
+    learner_cmd = [sys.executable, "-m", "seed.learner_main"] + [f"--{k}={v}" for k, v in flags.items()]
+    actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
+    address = actor_address(config.server_address)
+    actor_flags = [f"--{k}={v}" for k, v in flags.items() if k in actor_fields and k != "server_address"]
+
+    def start_actor(index: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, "-m", "seed.actor_main", f"--actor_index={index}",
+                                 f"--server_address={address}", *actor_flags])
+
+    stopping = False
+
+    def on_signal(*_):
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+
+    print(f"[local] learner: {' '.join(learner_cmd[1:])}", flush=True)
+    learner = subprocess.Popen(learner_cmd)
+    actors: list[subprocess.Popen] = []
+    try:
+        if not wait_until_serving(address, learner, LEARNER_START_TIMEOUT_S):
+            print("[local] the learner did not start serving", file=sys.stderr, flush=True)
+            return learner.poll() or 1
+        actors = [start_actor(i) for i in range(config.num_actors)]
+        print(f"[local] started {config.num_actors} actors x {config.envs_per_actor} envs on {address}", flush=True)
+        restarts = 0
+        while not stopping and learner.poll() is None:
+            time.sleep(0.5)
+            for index, actor in enumerate(actors):
+                code = actor.poll()
+                if code is None or learner.poll() is not None or stopping:
+                    continue
+                if code == 2:  # the learner rejected the actor's configuration: restarting cannot help
+                    print(f"[local] actor {index} was rejected (exit 2); stopping", file=sys.stderr, flush=True)
+                    return 2
+                restarts += 1
+                if restarts > MAX_ACTOR_RESTARTS:
+                    print(f"[local] actors failed {restarts} times; stopping", file=sys.stderr, flush=True)
+                    return 1
+                print(f"[local] actor {index} exited with {code}; restarting", flush=True)
+                actors[index] = start_actor(index)
+        if stopping:
+            stop_all([learner])
+        code = learner.wait()
+    finally:
+        stop_all(actors + [learner])
+    summary_path = os.path.join(config.logdir, "summary.json")
+    if os.path.exists(summary_path):
+        with open(summary_path) as f:
+            summary = json.load(f)
+        ret = summary["last_episode_return_mean"]
+        print(f"[local] summary: frames={summary['env_frames']:,} wall_time={summary['wall_time_s']:.0f}s "
+              f"mean_fps={summary['mean_env_frames_per_sec']:,.0f} "
+              f"last_mean_return={'-' if ret is None else f'{ret:.1f}'} logdir={config.logdir}", flush=True)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

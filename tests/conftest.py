@@ -1,0 +1,86 @@
+"""Shared helpers: real learner and actor processes, addresses, metrics files."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_tcp_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Processes:
+    """Starts seed processes with output in files; kills whatever is left at teardown."""
+
+    def __init__(self, directory: str):
+        self.directory = directory
+        self.started: list[tuple[subprocess.Popen, str]] = []
+
+    def start(self, module: str, args: list[str], name: str) -> subprocess.Popen:
+        log_path = os.path.join(self.directory, f"{name}.log")
+        log = open(log_path, "ab")
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        process = subprocess.Popen([sys.executable, "-m", module, *args], stdout=log, stderr=subprocess.STDOUT,
+                                   cwd=REPO, env=env)
+        process.log_path = log_path  # type: ignore[attr-defined]
+        self.started.append((process, log_path))
+        return process
+
+    def learner(self, args: list[str], name: str = "learner") -> subprocess.Popen:
+        return self.start("seed.learner_main", args, name)
+
+    def actor(self, args: list[str], name: str) -> subprocess.Popen:
+        return self.start("seed.actor_main", args, name)
+
+    def output(self, process: subprocess.Popen) -> str:
+        with open(process.log_path, errors="replace") as f:  # type: ignore[attr-defined]
+            return f.read()
+
+    def stop_all(self) -> None:
+        for process, _ in self.started:
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process, _ in self.started:
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@pytest.fixture
+def processes(tmp_path):
+    procs = Processes(str(tmp_path))
+    yield procs
+    procs.stop_all()
+
+
+def read_metrics(logdir: str) -> list[dict]:
+    path = os.path.join(logdir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.25, on_timeout=None):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval_s)
+    details = on_timeout() if on_timeout else ""
+    raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{details}")

@@ -1,0 +1,99 @@
+"""Real learner and actor processes over real gRPC (unix socket and TCP)."""
+
+import os
+import signal
+import time
+
+import pytest
+
+from tests.conftest import free_tcp_port, read_metrics, wait_for
+
+REQUIRED_KEYS = {
+    "time_s", "env_frames", "env_frames_per_sec", "train_steps", "train_steps_per_sec", "episodes",
+    "episode_return_mean", "inference_batch_size_mean", "inference_latency_ms_p50", "queue_size",
+    "losses/policy", "losses/V", "losses/entropy", "losses/total",
+}
+
+
+def _learner_args(logdir, address, **overrides):
+    args = dict(env="fake:vector", logdir=logdir, server_address=address, num_actors=2, envs_per_actor=4,
+                batch_size=4, unroll_length=10, log_interval_s=0.5, checkpoint_interval_s=3600,
+                total_environment_frames=int(1e12), torch_threads=1, fake_episode_length=20)
+    args.update(overrides)
+    return [f"--{k}={v}" for k, v in args.items()]
+
+
+def _actor_args(address, index, **overrides):
+    args = dict(env="fake:vector", server_address=address, actor_index=index, envs_per_actor=4,
+                fake_episode_length=20)
+    args.update(overrides)
+    return [f"--{k}={v}" for k, v in args.items()]
+
+
+def _trained(logdir, min_steps):
+    rows = read_metrics(logdir)
+    return rows if rows and rows[-1]["train_steps"] >= min_steps else None
+
+
+@pytest.mark.parametrize("transport", ["unix", "tcp"])
+def test_learner_and_two_actors_train(processes, tmp_path, transport):
+    logdir = str(tmp_path / "run")
+    if transport == "unix":
+        listen = dial = f"unix:{tmp_path}/learner.sock"
+    else:
+        port = free_tcp_port()
+        listen, dial = f"127.0.0.1:{port}", f"127.0.0.1:{port}"
+    learner = processes.learner(_learner_args(logdir, listen))
+    for i in range(2):
+        processes.actor(_actor_args(dial, i), f"actor{i}")
+    rows = wait_for(lambda: _trained(logdir, 20), 90, "20 training steps",
+                    on_timeout=lambda: processes.output(learner))
+    assert REQUIRED_KEYS <= set(rows[-1]), REQUIRED_KEYS - set(rows[-1])
+    last = rows[-1]
+    assert last["env_frames"] > 0 and last["episodes"] > 0
+    assert last["inference_batch_size_mean"] >= 4
+    assert any(name.startswith("events.out.tfevents") for name in os.listdir(logdir))
+    learner.send_signal(signal.SIGTERM)
+    assert learner.wait(timeout=30) == 0
+    assert os.path.exists(os.path.join(logdir, "checkpoint.pt"))
+
+
+def test_killed_actor_is_replaced_and_learner_keeps_training(processes, tmp_path):
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    learner = processes.learner(_learner_args(logdir, address))
+    actors = [processes.actor(_actor_args(address, i), f"actor{i}") for i in range(2)]
+    wait_for(lambda: _trained(logdir, 10), 90, "training", on_timeout=lambda: processes.output(learner))
+    actors[1].send_signal(signal.SIGKILL)
+    actors[1].wait(timeout=10)
+    steps_after_kill = read_metrics(logdir)[-1]["train_steps"]
+    # The survivor alone keeps the learner training (partial batches flush on the timeout).
+    wait_for(lambda: _trained(logdir, steps_after_kill + 10), 60, "training with one actor")
+    processes.actor(_actor_args(address, 1), "actor1-restarted")
+    wait_for(lambda: processes.output(learner).count("actor 1 connected") == 2, 60, "the new actor 1 to connect")
+    steps = read_metrics(logdir)[-1]["train_steps"]
+    wait_for(lambda: _trained(logdir, steps + 10), 60, "training after the replacement")
+    assert learner.poll() is None
+
+
+def test_restarted_learner_resumes_from_checkpoint(processes, tmp_path):
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    first = processes.learner(_learner_args(logdir, address), "learner1")
+    for i in range(2):
+        processes.actor(_actor_args(address, i), f"actor{i}")
+    wait_for(lambda: _trained(logdir, 20), 90, "training", on_timeout=lambda: processes.output(first))
+    start = time.monotonic()
+    first.send_signal(signal.SIGTERM)
+    assert first.wait(timeout=30) == 0
+    assert time.monotonic() - start < 30
+    before = read_metrics(logdir)[-1]
+    # The same actors reconnect by themselves to the new learner on the same logdir.
+    second = processes.learner(_learner_args(logdir, address), "learner2")
+    wait_for(lambda: "resumed from" in processes.output(second), 60, "the resume message")
+    wait_for(lambda: len(read_metrics(logdir)) > 0 and read_metrics(logdir)[-1]["train_steps"] > before["train_steps"] + 5,
+             90, "training after the restart", on_timeout=lambda: processes.output(second))
+    rows = read_metrics(logdir)
+    resumed = [r for r in rows if r["time_s"] < rows[-1]["time_s"] + 1][-1]
+    assert resumed["env_frames"] > before["env_frames"]
+    assert resumed["train_steps"] > before["train_steps"]
