@@ -43,6 +43,7 @@ setup(
     python_requires=">=3.10",
     packages=["seed", "seed._proto", "seed.agents", "seed.agents.vtrace", "seed.envs"],
     package_dir={"seed": "seed", "seed.agents": "agents", "seed.envs": "envs"},
+    package_data={"seed.envs": ["atari57_scores.csv"]},
     cmdclass={"build_py": BuildPyWithStubs},
     install_requires=[
         "torch>=2.1",
@@ -56,7 +57,7 @@ setup(
         "tensorboard",
     ],
     extras_require={
-        "atari": ["ale-py>=0.9", "opencv-python-headless"],
+        "atari": ["ale-py>=0.12", "opencv-python-headless"],
         "football": ["gym==0.25.2", "six", "psutil"],
         "test": ["pytest", "ruff", "pyyaml"],
     },
@@ -64,6 +65,8 @@ setup(
         "console_scripts": [
             "seed-learner=seed.learner_main:run",
             "seed-actor=seed.actor_main:run",
+            "seed-bench=seed.bench:run",
+            "seed-report=seed.report:run",
         ]
     },
 )

@@ -164,19 +164,15 @@ class Learner:
 
         start = time.monotonic()
         start_frames = self.metrics.env_frames
-        last_log = last_checkpoint = start
-        last_train_steps = self.metrics.train_steps
-        last_row: dict[str, Any] = {}
+        logger = _PeriodicLogger(self, start)
+        logger.start()
+        last_checkpoint = start
         try:
             while not self.stop_event.is_set() and self.metrics.env_frames < config.total_environment_frames:
                 self.train_step()
-                now = time.monotonic()
-                if now - last_log >= config.log_interval_s:
-                    last_row = self._log(now - start, now - last_log, last_train_steps)
-                    last_log, last_train_steps = now, self.metrics.train_steps
-                if now - last_checkpoint >= config.checkpoint_interval_s:
+                if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:
                     self.checkpoint()
-                    last_checkpoint = now
+                    last_checkpoint = time.monotonic()
         finally:
             self.stop_event.set()
             for service in ("", "seed.Learner"):
@@ -184,9 +180,7 @@ class Learner:
             self.server.stop(grace=1.0)
             self.batcher.stop()
             self.checkpoint()
-            now = time.monotonic()
-            if now - last_log > 0.5 or not last_row:
-                last_row = self._log(now - start, now - last_log, last_train_steps)
+            logger.finish()
             self.writer.close()
         wall = time.monotonic() - start
         summary = {
@@ -194,7 +188,7 @@ class Learner:
             "train_steps": self.metrics.train_steps,
             "wall_time_s": round(wall, 1),
             "mean_env_frames_per_sec": round((self.metrics.env_frames - start_frames) / max(wall, 1e-9), 1),
-            "last_episode_return_mean": last_row.get("episode_return_mean"),
+            "last_episode_return_mean": logger.last_return_mean,
         }
         with open(os.path.join(config.logdir, "summary.json"), "w") as f:
             json.dump(summary, f)
@@ -203,11 +197,48 @@ class Learner:
               f"last_return_mean={summary['last_episode_return_mean']}", flush=True)
         return summary
 
-    def _log(self, elapsed_s: float, window_s: float, last_train_steps: int) -> dict[str, Any]:
-        row = self.metrics.snapshot(elapsed_s, {"window_s": window_s, "queue_size": self.unroll_queue.qsize()})
-        row["train_steps_per_sec"] = (row["train_steps"] - last_train_steps) / max(window_s, 1e-9)
-        self.writer.write(row)
-        return row
+    def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:
+        """Extra values for the metrics row (agents with replay add theirs through `agent.metrics()`)."""
+        extra = {"window_s": window_s, "queue_size": self.unroll_queue.qsize()}
+        return self.metrics.snapshot(elapsed_s, extra)
+
+
+class _PeriodicLogger:
+    """Writes one metrics row every `log_interval_s` from its own thread, however long a train step takes."""
+
+    def __init__(self, learner: Learner, start: float):
+        self.learner = learner
+        self.start_time = start
+        self.last_time = start
+        self.last_train_steps = learner.metrics.train_steps
+        self.last_return_mean: float | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._loop, name="metrics-logger", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._done.wait(self.learner.config.log_interval_s):
+            self.write()
+
+    def write(self) -> None:
+        with self._lock:
+            now = time.monotonic()
+            window = now - self.last_time
+            row = self.learner.log_row(now - self.start_time, window)
+            row["train_steps_per_sec"] = (row["train_steps"] - self.last_train_steps) / max(window, 1e-9)
+            self.learner.writer.write(row)
+            self.last_time, self.last_train_steps = now, row["train_steps"]
+            if row["episode_return_mean"] is not None:
+                self.last_return_mean = row["episode_return_mean"]
+
+    def finish(self) -> None:
+        self._done.set()
+        self._thread.join(timeout=10)
+        if time.monotonic() - self.last_time > 0.5:
+            self.write()
 
 
 def install_signal_handlers(learner: Learner) -> None:

@@ -1,0 +1,230 @@
+"""Central prioritized replay of sequences (R2D2), safe between the inserting inference thread and the
+sampling training thread.
+
+- `SumTree`: priorities p_i^alpha in a complete binary tree; batched proportional sampling and updates in
+  O(B log N) vectorised NumPy steps.
+- `PrioritizedReplay`: a FIFO ring of `capacity` sequences; each stores its steps once as single frames
+  (uint8 for Atari) plus the agent state before its first step. Importance weights are
+  w_i = (N P(i))^-beta / max_j (N P(j))^-beta over the sampled batch.
+- The replay ratio (sequences sampled per sequence inserted, counted after `min_size` inserts) is enforced
+  in both directions: training waits for inserts, and inserts block (back-pressure on the actors) when they
+  run more than `max_insert_lead` sequences ahead of training.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+
+import numpy as np
+import torch
+
+from seed.unroll import Unroll
+
+
+class SumTree:
+    """Leaves hold non-negative priorities; internal nodes hold the sum of their children."""
+
+    def __init__(self, capacity: int):
+        if capacity < 1:
+            raise ValueError(f"replay_capacity: got {capacity}, expected >= 1")
+        self.capacity = capacity
+        self._leaf_start = 1 << max(0, (capacity - 1).bit_length())
+        self._nodes = np.zeros(2 * self._leaf_start, np.float64)  # node 1 is the root
+
+    @property
+    def total(self) -> float:
+        return float(self._nodes[1])
+
+    def get(self, indices: np.ndarray) -> np.ndarray:
+        return self._nodes[self._leaf_start + np.asarray(indices)]
+
+    def set(self, indices: np.ndarray, values: np.ndarray) -> None:
+        """Sets leaves (the last write wins for duplicate indices) and refreshes their ancestors."""
+        indices = np.asarray(indices, np.int64)
+        values = np.asarray(values, np.float64)
+        if indices.size == 0:
+            return
+        if (values < 0).any() or not np.isfinite(values).all():
+            raise ValueError(f"priorities: got {values[(values < 0) | ~np.isfinite(values)][:3]}, expected finite >= 0")
+        nodes = self._nodes
+        nodes[self._leaf_start + indices] = values
+        parents = np.unique((self._leaf_start + indices) // 2)
+        while parents.size and parents[0] >= 1:
+            nodes[parents] = nodes[2 * parents] + nodes[2 * parents + 1]
+            if parents[0] == 1:
+                break
+            parents = np.unique(parents // 2)
+
+    def find(self, targets: np.ndarray) -> np.ndarray:
+        """For each target mass in [0, total), the leaf whose cumulative range contains it."""
+        targets = np.asarray(targets, np.float64).copy()
+        node = np.ones(len(targets), np.int64)
+        nodes = self._nodes
+        while node[0] < self._leaf_start:
+            left = 2 * node
+            left_mass = nodes[left]
+            go_right = targets >= left_mass
+            # Never step into an empty subtree because of float rounding.
+            go_right &= nodes[left + 1] > 0
+            go_right |= left_mass <= 0
+            targets = np.where(go_right, targets - left_mass, targets)
+            node = np.where(go_right, left + 1, left)
+        return np.minimum(node - self._leaf_start, self.capacity - 1)
+
+    def sample(self, batch_size: int, rng: np.random.Generator) -> np.ndarray:
+        """Stratified proportional sampling: one uniform draw in each of `batch_size` equal mass segments."""
+        total = self.total
+        if total <= 0:
+            raise ValueError("cannot sample from a replay whose priorities are all zero")
+        bounds = np.arange(batch_size) * (total / batch_size)
+        return self.find(bounds + rng.uniform(0, total / batch_size, batch_size))
+
+
+@dataclasses.dataclass
+class ReplaySample:
+    unrolls: Unroll  # time-major [L, B, ...]
+    indices: np.ndarray  # int64 [B] slots, for update_priorities
+    importance_weights: torch.Tensor  # float32 [B], max-normalised
+
+
+class PrioritizedReplay:
+    """Args:
+      capacity: sequences held (FIFO ring).
+      priority_exponent: alpha; sampling probability is p^alpha / sum p^alpha.
+      importance_sampling_exponent: beta.
+      min_size: sequences inserted before the first sample.
+      replay_ratio: sequences sampled per sequence inserted (after min_size).
+      batch_size: sequences per training batch.
+      max_insert_lead: how many sequences inserts may run ahead of the ratio before `insert` blocks;
+        default 4 batches' worth.
+    """
+
+    def __init__(self, capacity: int, priority_exponent: float, importance_sampling_exponent: float,
+                 min_size: int, replay_ratio: float, batch_size: int, seed: int = 0,
+                 max_insert_lead: int | None = None, stop: threading.Event | None = None):
+        if min_size > capacity:
+            raise ValueError(f"replay_min_size: got {min_size}, expected <= replay_capacity ({capacity})")
+        if replay_ratio <= 0:
+            raise ValueError(f"replay_ratio: got {replay_ratio}, expected > 0")
+        self.capacity = capacity
+        self.alpha = priority_exponent
+        self.beta = importance_sampling_exponent
+        self.min_size = max(min_size, 1)
+        self.replay_ratio = replay_ratio
+        self.batch_size = batch_size
+        self.max_insert_lead = max_insert_lead if max_insert_lead is not None else int(4 * batch_size / replay_ratio) + 1
+        self.tree = SumTree(capacity)
+        self._rng = np.random.default_rng(seed)
+        self._steps: dict[str, torch.Tensor] = {}
+        self._state: dict[str, torch.Tensor] = {}
+        self._env_ids = torch.zeros(capacity, dtype=torch.int64)
+        self.size = 0
+        self.next_slot = 0
+        self.inserted = 0
+        self.sampled = 0
+        self._lock = threading.Condition()
+        self._stop = stop or threading.Event()
+
+    # -- storage ---------------------------------------------------------------------------------------------
+    def _allocate(self, unroll: Unroll) -> None:
+        self._steps = {k: torch.zeros((self.capacity, *v.shape), dtype=v.dtype) for k, v in unroll.steps.items()}
+        self._state = {k: torch.zeros((self.capacity, *v.shape), dtype=v.dtype)
+                       for k, v in unroll.initial_state.items()}
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held by the allocated storage (all `capacity` slots, filled or not)."""
+        tensors = [*self._steps.values(), *self._state.values(), self._env_ids]
+        return int(sum(t.numel() * t.element_size() for t in tensors))
+
+    @staticmethod
+    def bytes_per_sequence(unroll: Unroll) -> int:
+        tensors = [*unroll.steps.values(), *unroll.initial_state.values()]
+        return int(sum(t.numel() * t.element_size() for t in tensors)) + 8
+
+    # -- rate limiting -------------------------------------------------------------------------------------------
+    def _inserts_ahead(self) -> float:
+        """Sequences inserted beyond what the replay ratio has consumed so far."""
+        return max(0, self.inserted - self.min_size) - self.sampled / self.replay_ratio
+
+    def can_sample(self) -> bool:
+        return self.inserted >= self.min_size and self._inserts_ahead() >= 0
+
+    # -- API ---------------------------------------------------------------------------------------------------
+    def insert(self, unrolls: list[Unroll], priorities: np.ndarray) -> None:
+        """Adds sequences with their initial priorities; blocks while inserts run too far ahead of sampling."""
+        for unroll, priority in zip(unrolls, priorities, strict=True):
+            with self._lock:
+                while (self.inserted >= self.min_size and self._inserts_ahead() >= self.max_insert_lead
+                       and not self._stop.is_set()):
+                    self._lock.wait(timeout=0.1)
+                if self._stop.is_set():
+                    return
+                if not self._steps:
+                    self._allocate(unroll)
+                slot = self.next_slot
+                for k, v in unroll.steps.items():
+                    self._steps[k][slot] = v
+                for k, v in unroll.initial_state.items():
+                    self._state[k][slot] = v
+                self._env_ids[slot] = unroll.env_id
+                self.tree.set(np.array([slot]), np.array([float(priority) ** self.alpha]))
+                self.next_slot = (slot + 1) % self.capacity
+                self.size = min(self.size + 1, self.capacity)
+                self.inserted += 1
+                self._lock.notify_all()
+
+    def sample(self, timeout_s: float) -> ReplaySample | None:
+        """A batch once the replay ratio allows one (None if it does not within `timeout_s`)."""
+        with self._lock:
+            if not self._lock.wait_for(lambda: self.can_sample() or self._stop.is_set(), timeout=timeout_s):
+                return None
+            if self._stop.is_set():
+                return None
+            indices = self.tree.sample(self.batch_size, self._rng)
+            probabilities = self.tree.get(indices) / self.tree.total
+            weights = (self.size * probabilities) ** (-self.beta)
+            weights = weights / weights.max()
+            index_t = torch.from_numpy(indices)
+            steps = {k: v.index_select(0, index_t).transpose(0, 1) for k, v in self._steps.items()}
+            state = {k: v.index_select(0, index_t) for k, v in self._state.items()}
+            env_ids = self._env_ids.index_select(0, index_t)
+            self.sampled += self.batch_size
+            self._lock.notify_all()
+        return ReplaySample(Unroll(steps, state, env_ids), indices,
+                            torch.from_numpy(weights.astype(np.float32)))
+
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+        with self._lock:
+            self.tree.set(indices, np.asarray(priorities, np.float64) ** self.alpha)
+
+    def stats(self) -> dict[str, float]:
+        with self._lock:
+            leaves = self.tree.get(np.arange(self.size)) if self.size else np.zeros(1)
+            priorities = leaves ** (1.0 / self.alpha) if self.alpha > 0 else leaves
+            return {
+                "replay_size": self.size,
+                "replay_bytes": self.nbytes,
+                "replay_inserted": self.inserted,
+                "replay_sampled": self.sampled,
+                "replay_priority_mean": float(priorities.mean()),
+                "replay_priority_max": float(priorities.max()),
+            }
+
+    # -- checkpointing -------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict:
+        with self._lock:
+            return {"steps": self._steps, "state": self._state, "env_ids": self._env_ids,
+                    "priorities": self.tree.get(np.arange(self.capacity)), "size": self.size,
+                    "next_slot": self.next_slot, "inserted": self.inserted, "sampled": self.sampled}
+
+    def load_state_dict(self, saved: dict) -> None:
+        with self._lock:
+            if len(saved["priorities"]) != self.capacity:
+                raise ValueError(f"replay checkpoint capacity: got {len(saved['priorities'])}, "
+                                 f"expected {self.capacity} (--replay_capacity)")
+            self._steps, self._state, self._env_ids = saved["steps"], saved["state"], saved["env_ids"]
+            self.tree.set(np.arange(self.capacity), saved["priorities"])
+            self.size, self.next_slot = saved["size"], saved["next_slot"]
+            self.inserted, self.sampled = saved["inserted"], saved["sampled"]

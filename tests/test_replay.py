@@ -1,0 +1,103 @@
+"""Prioritized replay: sum tree sampling and updates, importance weights, the replay ratio, thread safety."""
+
+import threading
+
+import numpy as np
+import pytest
+import torch
+
+from seed.replay import PrioritizedReplay, SumTree
+from seed.unroll import Unroll
+
+
+def test_sum_tree_sampling_frequencies_match_priorities():
+    tree = SumTree(6)
+    priorities = np.array([1.0, 2.0, 0.0, 4.0, 8.0, 1.0])
+    tree.set(np.arange(6), priorities)
+    assert tree.total == pytest.approx(16.0)
+    rng = np.random.default_rng(0)
+    draws = np.concatenate([tree.sample(64, rng) for _ in range(2000)])
+    frequencies = np.bincount(draws, minlength=6) / len(draws)
+    np.testing.assert_allclose(frequencies, priorities / priorities.sum(), atol=0.005)
+    assert frequencies[2] == 0.0
+
+
+def test_sum_tree_updates_and_find():
+    tree = SumTree(5)
+    tree.set(np.arange(5), np.ones(5))
+    tree.set(np.array([1, 3]), np.array([0.0, 6.0]))
+    assert tree.total == pytest.approx(9.0)
+    assert tree.get(np.arange(5)).tolist() == [1, 0, 1, 6, 1]
+    # Cumulative ranges: [0,1) -> 0, [1,2) -> 2, [2,8) -> 3, [8,9) -> 4.
+    assert tree.find(np.array([0.5, 1.5, 2.0, 7.99, 8.5])).tolist() == [0, 2, 3, 3, 4]
+    with pytest.raises(ValueError, match="priorities"):
+        tree.set(np.array([0]), np.array([-1.0]))
+
+
+def _unroll(value, length=3):
+    return Unroll({"reward": torch.full((length,), float(value)), "observation": torch.zeros(length, 2, dtype=torch.uint8)},
+                  {"h": torch.full((4,), float(value))}, torch.tensor(value))
+
+
+def test_importance_weights_follow_the_formula():
+    replay = PrioritizedReplay(capacity=4, priority_exponent=0.5, importance_sampling_exponent=0.6, min_size=4,
+                               replay_ratio=1.0, batch_size=4, seed=1)
+    priorities = np.array([1.0, 4.0, 9.0, 16.0])
+    replay.insert([_unroll(i) for i in range(4)], priorities)
+    sample = replay.sample(timeout_s=1)
+    p_alpha = priorities ** 0.5
+    probabilities = p_alpha / p_alpha.sum()
+    raw = (4 * probabilities[sample.indices]) ** -0.6
+    np.testing.assert_allclose(sample.importance_weights.numpy(), raw / raw.max(), rtol=1e-6)
+    # Time-major batch; each sampled sequence is the one stored in its slot.
+    assert sample.unrolls.reward.shape == (3, 4)
+    assert sample.unrolls.reward[0].tolist() == sample.indices.astype(float).tolist()
+    assert sample.unrolls.initial_state["h"][:, 0].tolist() == sample.indices.astype(float).tolist()
+
+
+def test_priority_update_changes_sampling():
+    replay = PrioritizedReplay(capacity=3, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=3,
+                               replay_ratio=1e9, batch_size=30, seed=2, max_insert_lead=100)
+    replay.insert([_unroll(i) for i in range(3)], np.ones(3))
+    replay.update_priorities(np.array([0, 1]), np.array([0.0, 0.0]))
+    assert set(replay.sample(timeout_s=1).indices.tolist()) == {2}
+
+
+def test_fifo_eviction_and_memory_accounting():
+    replay = PrioritizedReplay(capacity=2, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=1,
+                               replay_ratio=1e9, batch_size=8, seed=0, max_insert_lead=100)
+    replay.insert([_unroll(i) for i in range(3)], np.ones(3))
+    assert replay.size == 2 and replay.inserted == 3
+    assert set(replay.sample(timeout_s=1).unrolls.env_id.tolist()) == {1, 2}
+    per_sequence = PrioritizedReplay.bytes_per_sequence(_unroll(0))
+    assert per_sequence == 3 * 4 + 3 * 2 + 4 * 4 + 8
+    assert replay.nbytes == 2 * per_sequence
+
+
+def test_replay_ratio_is_enforced_both_ways():
+    stop = threading.Event()
+    replay = PrioritizedReplay(capacity=100, priority_exponent=0.9, importance_sampling_exponent=0.6, min_size=4,
+                               replay_ratio=2.0, batch_size=4, seed=0, max_insert_lead=6, stop=stop)
+    replay.insert([_unroll(i) for i in range(4)], np.ones(4))
+    assert replay.sample(timeout_s=0.1) is not None  # at min size: the first batch
+    assert replay.sample(timeout_s=0.1) is None  # 4 sampled need 2 more inserts at ratio 2
+    replay.insert([_unroll(4), _unroll(5)], np.ones(2))
+    assert replay.sample(timeout_s=0.1) is not None
+    # Inserts run ahead by at most max_insert_lead sequences, then block until sampling catches up.
+    inserted = threading.Event()
+
+    def producer():
+        replay.insert([_unroll(i) for i in range(20)], np.ones(20))
+        inserted.set()
+
+    thread = threading.Thread(target=producer)
+    thread.start()
+    assert not inserted.wait(0.5)
+    assert replay.inserted - 4 - replay.sampled / 2 <= 6
+    for _ in range(100):
+        if inserted.is_set():
+            break
+        replay.sample(timeout_s=0.1)
+    thread.join(timeout=5)
+    assert inserted.is_set()
+    stop.set()
