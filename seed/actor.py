@@ -21,6 +21,7 @@ import numpy as np
 
 from seed import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
+from seed.actor_stats import ActorStats
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch
@@ -72,6 +73,7 @@ class Actor:
         self.agent_steps = 0
         self.latencies_s: list[float] = []  # round trips of the current log window
         self.connections = 0
+        self.stats = ActorStats(config.stats_file, config.stats_interval_s, self.spec.action_repeat, config.actor_index)
         self._stream: _Stream | None = None
 
     def request_stop(self) -> None:
@@ -98,6 +100,7 @@ class Actor:
                     self.stop.wait(backoff)
                     backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
         finally:
+            self.stats.write(final=True)
             self.envs.close()
 
     def _wait_for_learner(self, channel: grpc.Channel) -> None:
@@ -145,10 +148,12 @@ class Actor:
                 actor_send_time=time.time()))
             sent = time.perf_counter()
             reply = stream.call(message)
-            self.latencies_s.append(time.perf_counter() - sent)
+            latency = time.perf_counter() - sent
+            self.latencies_s.append(latency)
             actions = wire.decode_tensor(reply.actions.action, "actions.action", "int32", (k,))
             step = self.envs.step(actions)
             self.agent_steps += k
+            self.stats.record(k, latency)
             now = time.monotonic()
             if now - last_log >= config.log_interval_s:
                 fps = (self.agent_steps - steps_at_last_log) * self.spec.action_repeat / (now - last_log)

@@ -48,6 +48,9 @@ class ActorConfig(EnvOptions):
     actor_index: int = _field(0, "This actor's index; it owns env ids [index*K, (index+1)*K).")
     reconnect_max_backoff_s: float = _field(5.0, "Longest wait between reconnection attempts (seconds).")
     log_interval_s: float = _field(30.0, "Seconds between actor progress lines on stdout.")
+    stats_file: str = _field("", "Append throughput/latency/CPU rows (JSON Lines, see seed/actor_stats.py) here; "
+                                 "'' = off. Used by seed-bench.")
+    stats_interval_s: float = _field(1.0, "Seconds between rows of --stats_file (one more is written on exit).")
 
 
 @dataclasses.dataclass
@@ -87,6 +90,22 @@ class LearnerConfig(EnvOptions):
     clip_rho_threshold: float = _field(1.0, "V-trace rho-bar.")
     clip_pg_rho_threshold: float = _field(1.0, "V-trace rho-bar for the policy-gradient advantage.")
     max_abs_reward: float = _field(0.0, "Clip rewards to [-x, x] for the loss; 0 = off.")
+    # R2D2.
+    burn_in: int = _field(0, "Steps at the start of each unroll that only warm up the recurrent state (R2D2).")
+    n_steps: int = _field(5, "R2D2: n of the n-step double-Q targets.")
+    value_rescaling_epsilon: float = _field(1e-3, "R2D2: eps of h(x) = sign(x)(sqrt(|x|+1)-1)+eps x.")
+    target_update_interval: int = _field(2500, "R2D2: copy the online network to the target every N updates.")
+    replay_capacity: int = _field(100_000, "R2D2: replay capacity in sequences.")
+    replay_min_size: int = _field(5000, "R2D2: sequences in replay before training starts.")
+    replay_ratio: float = _field(0.75, "R2D2: sequences sampled per sequence inserted.")
+    priority_exponent: float = _field(0.9, "R2D2: priority exponent alpha.")
+    importance_sampling_exponent: float = _field(0.6, "R2D2: importance-sampling exponent beta.")
+    priority_eta: float = _field(0.9, "R2D2: sequence priority eta max|delta| + (1 - eta) mean|delta|.")
+    epsilon_base: float = _field(0.4, "R2D2: training env i of N explores with base^(1 + alpha i / (N - 1)).")
+    epsilon_alpha: float = _field(7.0, "R2D2: alpha of the epsilon schedule.")
+    num_eval_envs: int = _field(0, "The last N env ids only evaluate (R2D2: eps = eval_epsilon, not replayed).")
+    eval_epsilon: float = _field(1e-3, "R2D2: epsilon of eval envs.")
+    checkpoint_replay: bool = _field(False, "R2D2: save the replay with each checkpoint (can be many GB).")
     # Misc.
     print_config: bool = _field(False, "Print the resolved configuration as JSON and exit.")
 

@@ -1,20 +1,30 @@
-"""From completed unrolls to training batches: the bounded FIFO queue and the prefetcher.
+"""From completed unrolls to training batches: the FIFO queue (V-trace) or prioritized replay (R2D2).
 
 V-trace is on-policy-ish: unrolls go through a bounded FIFO queue. When training falls behind, `put` blocks
 the inference thread, which stalls the actors: back-pressure that bounds the policy lag. The prefetcher
 stacks `batch_size` unrolls time-major ([T + 1, B, ...]) on its own thread, pins them when the training
 device is a GPU and copies them there ahead of use.
+
+R2D2 inserts unrolls into the central prioritized replay (seed/replay.py) with initial priorities computed
+by the agent, leaves out eval envs, samples by priority and writes back the priorities the loss computed.
+
+Both expose the same interface to the learner: `sink(unrolls)` on the inference thread, and `next_batch`,
+`after_step`, `stats` on the training thread.
 """
 
 from __future__ import annotations
 
+import os
 import queue
 import threading
 from collections.abc import Callable
+from typing import Any
 
+import numpy as np
 import torch
 
-from seed.unroll import Unroll
+from seed.replay import PrioritizedReplay
+from seed.unroll import TrainingBatch, Unroll
 
 
 class UnrollQueue:
@@ -81,15 +91,101 @@ class Prefetcher:
             pending.append(unroll)
             if len(pending) < self._batch_size:
                 continue
-            batch = Unroll.stack(pending)
+            batch = _to_device(Unroll.stack(pending), self._device)
             pending = []
-            if self._device.type == "cuda":
-                batch = batch.pin_memory().to(self._device, non_blocking=True)
-            else:
-                batch = batch.to(self._device)
             while not self._stop.is_set():
                 try:
                     self._batches.put(batch, timeout=0.1)
                     break
                 except queue.Full:
                     continue
+
+
+def _to_device(batch: Unroll, device: torch.device) -> Unroll:
+    if device.type == "cuda":
+        return batch.pin_memory().to(device, non_blocking=True)
+    return batch.to(device)
+
+
+class FifoExperience:
+    """V-trace: completed unrolls -> bounded FIFO queue -> prefetched time-major batches."""
+
+    def __init__(self, capacity: int, batch_size: int, device: torch.device, stop: threading.Event):
+        self.queue = UnrollQueue(capacity, stop)
+        self.prefetcher = Prefetcher(self.queue.get, batch_size, device, stop)
+        self.sink = self.queue.put
+
+    def start(self) -> None:
+        self.prefetcher.start()
+
+    def next_batch(self, timeout_s: float) -> TrainingBatch | None:
+        batch = self.prefetcher.get(timeout_s)
+        return None if batch is None else TrainingBatch(batch)
+
+    def after_step(self, batch: TrainingBatch, priorities: torch.Tensor | None) -> None:
+        pass
+
+    def stats(self) -> dict[str, Any]:
+        return {"queue_size": self.queue.qsize()}
+
+    def save(self, logdir: str) -> None:
+        pass
+
+    def restore(self, logdir: str) -> None:
+        pass
+
+
+class ReplayExperience:
+    """R2D2: completed unrolls -> initial priorities -> prioritized replay -> sampled batches.
+
+    Args:
+      replay: the buffer (it enforces the replay ratio; `insert` may block the inference thread).
+      initial_priorities: list of unrolls -> float64 [n], computed from the Q-values stored at inference.
+      is_eval_env: int64 env ids [n] -> bool [n]; eval envs never enter replay.
+      checkpoint: also save and restore the replay contents with the learner's checkpoint.
+    """
+
+    REPLAY_FILE = "replay.pt"
+
+    def __init__(self, replay: PrioritizedReplay, initial_priorities: Callable[[list[Unroll]], np.ndarray],
+                 is_eval_env: Callable[[torch.Tensor], torch.Tensor], device: torch.device, checkpoint: bool):
+        self.replay = replay
+        self.initial_priorities = initial_priorities
+        self.is_eval_env = is_eval_env
+        self.device = device
+        self.checkpoint = checkpoint
+
+    def start(self) -> None:
+        pass
+
+    def sink(self, unrolls: list[Unroll]) -> None:
+        eval_mask = self.is_eval_env(torch.stack([u.env_id for u in unrolls]))
+        training = [u for u, is_eval in zip(unrolls, eval_mask.tolist(), strict=True) if not is_eval]
+        if training:
+            self.replay.insert(training, self.initial_priorities(training))
+
+    def next_batch(self, timeout_s: float) -> TrainingBatch | None:
+        sample = self.replay.sample(timeout_s)
+        if sample is None:
+            return None
+        return TrainingBatch(_to_device(sample.unrolls, self.device),
+                             sample.importance_weights.to(self.device), sample.indices)
+
+    def after_step(self, batch: TrainingBatch, priorities: torch.Tensor | None) -> None:
+        if priorities is not None:
+            self.replay.update_priorities(batch.replay_indices, priorities.detach().cpu().double().numpy())
+
+    def stats(self) -> dict[str, Any]:
+        return self.replay.stats()
+
+    def save(self, logdir: str) -> None:
+        if self.checkpoint:
+            path = os.path.join(logdir, self.REPLAY_FILE)
+            torch.save(self.replay.state_dict(), path + ".tmp")
+            os.replace(path + ".tmp", path)
+
+    def restore(self, logdir: str) -> None:
+        path = os.path.join(logdir, self.REPLAY_FILE)
+        if self.checkpoint and os.path.exists(path):
+            self.replay.load_state_dict(torch.load(path, weights_only=False))
+            print(f"[learner] restored replay from {path}: {self.replay.size:,} sequences", flush=True)

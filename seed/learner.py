@@ -30,10 +30,11 @@ from seed.batcher import InferenceBatcher
 from seed.config import LearnerConfig
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
-from seed.experience import Prefetcher, UnrollQueue
+from seed.experience import FifoExperience, ReplayExperience
 from seed.inference import CentralInference, FinishedEpisodes
 from seed.learner_service import LearnerService
 from seed.metrics import LearnerMetrics, MetricsWriter
+from seed.replay import PrioritizedReplay
 
 log = logging.getLogger(__name__)
 
@@ -103,22 +104,41 @@ class Learner:
                   f"env_frames={counters['env_frames']:,} train_steps={counters['train_steps']:,}", flush=True)
         self.metrics = LearnerMetrics(self.spec.action_repeat, **counters)
 
-        self.unroll_queue = UnrollQueue(config.queue_capacity or config.batch_size, self.stop_event)
+        self.experience = self._make_experience()
+        if restored:
+            self.experience.restore(config.logdir)
         self.registry: dict[int, int] = {}
         inference_network = copy.deepcopy(self.agent.network).to(self.inference_device).eval()
         self.inference = CentralInference(
             agent=self.agent, network=inference_network, device=self.inference_device, num_envs=config.num_envs,
             unroll_length=config.unroll_length, burn_in=getattr(config, "burn_in", 0), registry=self.registry,
-            sink=self.unroll_queue.put, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch)
+            sink=self.experience.sink, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch)
         self.batcher = InferenceBatcher(config.inference_batch_size, config.batch_timeout_ms / 1000.0,
                                         self.inference.run_batch)
-        self.prefetcher = Prefetcher(self.unroll_queue.get, config.batch_size, self.training_device, self.stop_event)
         self.writer = MetricsWriter(config.logdir)
         self.server: grpc.Server | None = None
         self.bound_addresses: list[str] = []
 
+    def _make_experience(self) -> FifoExperience | ReplayExperience:
+        config = self.config
+        if not getattr(self.agent, "uses_replay", False):
+            return FifoExperience(config.queue_capacity or config.batch_size, config.batch_size,
+                                  self.training_device, self.stop_event)
+        replay = PrioritizedReplay(config.replay_capacity, config.priority_exponent,
+                                   config.importance_sampling_exponent, config.replay_min_size, config.replay_ratio,
+                                   config.batch_size, seed=config.seed, stop=self.stop_event)
+        return ReplayExperience(replay, self.agent.initial_priorities, self.is_eval_env, self.training_device,
+                                config.checkpoint_replay)
+
+    def is_eval_env(self, env_ids: torch.Tensor) -> torch.Tensor:
+        """The last `num_eval_envs` env ids only evaluate."""
+        return env_ids >= self.config.num_envs - self.config.num_eval_envs
+
     def _on_episodes(self, episodes: FinishedEpisodes) -> None:
-        self.metrics.record_episodes(episodes.returns, episodes.lengths)
+        is_eval = self.is_eval_env(torch.from_numpy(episodes.env_ids)).numpy()
+        self.metrics.record_episodes(episodes.returns[~is_eval], episodes.lengths[~is_eval])
+        if is_eval.any():
+            self.metrics.record_eval_episodes(episodes.returns[is_eval], episodes.lengths[is_eval])
 
     def request_stop(self, *_: Any) -> None:
         self.stop_event.set()
@@ -132,20 +152,23 @@ class Learner:
             "config": vars(self.config).copy(),
         }
         checkpoint.save(self.config.logdir, state)
+        self.experience.save(self.config.logdir)
 
     def train_step(self) -> bool:
         """One optimizer step on the next prefetched batch; False if none arrived in time."""
-        batch = self.prefetcher.get(timeout=0.2)
+        batch = self.experience.next_batch(0.2)
         if batch is None:
             return False
-        loss, values = self.agent.loss(batch)
+        out = self.agent.loss(batch)
         self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
+        out.loss.backward()
+        values = dict(out.metrics)
         if self.config.grad_clip_norm > 0:
             values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(
                 self.agent.network.parameters(), self.config.grad_clip_norm))
         self.optimizer.step()
         self.inference.publish(self.agent.network.state_dict())
+        self.experience.after_step(batch, out.priorities)
         self.metrics.record_train_step(values)
         self.agent.after_update(self.metrics.train_steps)
         return True
@@ -156,7 +179,7 @@ class Learner:
         servicer = LearnerService(self.spec, config.num_actors, config.envs_per_actor, self.registry,
                                   [self.batcher], self.metrics, self.stop_event)
         self.batcher.start()
-        self.prefetcher.start()
+        self.experience.start()
         self.server, health_servicer, self.bound_addresses = start_grpc_server(
             servicer, listen_addresses(config.server_address), max_workers=2 * config.num_actors + 8)
         print(f"[learner] agent={config.agent} env={config.env} listening on {', '.join(self.bound_addresses)} "
@@ -199,7 +222,7 @@ class Learner:
 
     def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:
         """Extra values for the metrics row (agents with replay add theirs through `agent.metrics()`)."""
-        extra = {"window_s": window_s, "queue_size": self.unroll_queue.qsize()}
+        extra = {"window_s": window_s, **self.experience.stats()}
         return self.metrics.snapshot(elapsed_s, extra)
 
 

@@ -34,6 +34,8 @@ class LearnerMetrics:
         self._returns: list[float] = []
         self._lengths: list[int] = []
         self._raw_returns: list[float] = []
+        self._eval_returns: list[float] = []
+        self._eval_lengths: list[int] = []
         self._train: dict[str, list[float]] = {}
         self._window_env_frames = 0
         self._window_train_steps = 0
@@ -51,6 +53,11 @@ class LearnerMetrics:
             self.episodes += len(returns)
             self._returns.extend(returns.tolist())
             self._lengths.extend(lengths.tolist())
+
+    def record_eval_episodes(self, returns: np.ndarray, lengths: np.ndarray) -> None:
+        with self._lock:
+            self._eval_returns.extend(returns.tolist())
+            self._eval_lengths.extend(lengths.tolist())
 
     def record_actor_episodes(self, raw_returns: list[float]) -> None:
         with self._lock:
@@ -82,6 +89,8 @@ class LearnerMetrics:
                 "episode_length_mean": mean(self._lengths),
                 "episode_raw_return_mean": mean(self._raw_returns),
                 "episodes_in_window": len(self._returns),
+                "eval_episode_return_mean": mean(self._eval_returns),
+                "eval_episode_length_mean": mean(self._eval_lengths),
                 "inference_batch_size_mean": mean(self._batch_sizes),
                 "inference_latency_ms_p50": (float(np.percentile(self._latencies_s, 50)) * 1e3
                                              if self._latencies_s else None),

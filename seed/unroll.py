@@ -65,3 +65,27 @@ class Unroll:
 
     def pin_memory(self) -> Unroll:
         return self.map(lambda t: t.pin_memory())
+
+
+@dataclasses.dataclass
+class TrainingBatch:
+    """What the training loop hands to `agent.loss`.
+
+    Attributes:
+      unrolls: time-major batch on the training device ([L, B, ...]).
+      importance_weights: float32 [B] (prioritized replay), or None (FIFO queue).
+      replay_indices: the replay slots of the sequences, for the priority update, or None.
+    """
+
+    unrolls: Unroll
+    importance_weights: torch.Tensor | None = None
+    replay_indices: object | None = None
+
+
+@dataclasses.dataclass
+class LossOutput:
+    """`agent.loss` result: the scalar to minimise, metrics to log, and new priorities [B] (replay only)."""
+
+    loss: torch.Tensor
+    metrics: dict[str, float]
+    priorities: torch.Tensor | None = None

@@ -13,7 +13,7 @@ from torch.nn import functional as F
 
 from seed.config import LearnerConfig
 from seed.inference import ActOutput, InferenceBatch
-from seed.unroll import Unroll
+from seed.unroll import LossOutput, TrainingBatch
 
 
 def default_config(env_family: str) -> dict[str, Any]:
@@ -80,13 +80,14 @@ class Agent:
         action = torch.multinomial(F.softmax(logits, dim=-1), 1).squeeze(-1)
         return ActOutput(action=action, outputs={"policy_logits": logits}, state=new_state)
 
-    def loss(self, unrolls: Unroll) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, batch: TrainingBatch) -> LossOutput:
         """IMPALA loss on a time-major batch of unrolls of T + 1 steps.
 
         The learner re-runs the network from the stored initial state over all T + 1 steps. Step t pairs
         action a_t with reward r_{t+1} and done_{t+1} (done at t + 1 ends the episode a_t was taken in).
         """
         c = self.config
+        unrolls = batch.unrolls
         logits, baseline, _ = self.network(unrolls.observation, unrolls.prev_action, unrolls.reward,
                                            unrolls.done, unrolls.initial_state)
         actions = unrolls.action[:-1]
@@ -119,7 +120,7 @@ class Agent:
             "policy/entropy": entropy.item(),
             "V/value function": baseline[:-1].mean().item(),
         }
-        return total, metrics
+        return LossOutput(total, metrics)
 
     def after_update(self, train_steps: int) -> None:
         """Hook after each optimizer step (R2D2 copies its target network here)."""

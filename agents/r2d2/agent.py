@@ -1,0 +1,204 @@
+"""The R2D2 agent: a recurrent dueling Q-network, per-env epsilon-greedy at inference, burn-in, n-step
+double-Q targets with value rescaling, prioritized sequence replay and a periodically copied target net.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from seed.agents.networks import AgentBody, State, glorot_uniform_
+from seed.agents.r2d2.r2d2 import (
+    epsilon_schedule,
+    inverse_value_rescale,
+    n_step_targets,
+    sequence_priorities,
+    value_rescale,
+)
+from seed.agents.vtrace.agent import resolve_network
+from seed.config import LearnerConfig
+from seed.envs.base import EnvSpec
+from seed.inference import ActOutput, InferenceBatch
+from seed.unroll import LossOutput, TrainingBatch, Unroll
+
+# Paper Table 8 (SEED R2D2 on Atari-57), plus the network of appendix A.3.1.
+ATARI_TABLE_8 = dict(
+    network="nature", use_lstm=True, lstm_size=512, replay_ratio=0.75, unroll_length=80, burn_in=40,
+    replay_capacity=100_000, replay_min_size=5000, priority_exponent=0.9, importance_sampling_exponent=0.6,
+    discounting=0.997, batch_size=64, inference_batch_size=64, learning_rate=1e-4, adam_epsilon=1e-3,
+    target_update_interval=2500, value_rescaling_epsilon=1e-3, grad_clip_norm=80.0, n_steps=5,
+    epsilon_base=0.4, epsilon_alpha=7.0, eval_epsilon=1e-3, priority_eta=0.9,
+)
+
+
+def default_config(env_family: str) -> dict[str, Any]:
+    """Per-env-family defaults: paper Table 8 on Atari; small and fast settings that learn CartPole."""
+    if env_family == "atari":
+        return dict(ATARI_TABLE_8)
+    if env_family in ("gym", "fake"):
+        return dict(network="mlp", mlp_sizes="64", use_lstm=True, lstm_size=64, unroll_length=20, burn_in=5,
+                    batch_size=32, learning_rate=1e-3, adam_epsilon=1e-3, discounting=0.99, n_steps=3,
+                    replay_capacity=4000, replay_min_size=100, replay_ratio=4.0, target_update_interval=100,
+                    grad_clip_norm=40.0, total_environment_frames=5e5, log_interval_s=5.0)
+    if env_family == "football":
+        return dict(network="football", use_lstm=True, lstm_size=256, unroll_length=32, burn_in=8,
+                    replay_capacity=20_000, replay_min_size=500, discounting=0.997, learning_rate=1e-4,
+                    adam_epsilon=1e-3, grad_clip_norm=80.0)
+    return {}
+
+
+class DuelingQNetwork(nn.Module):
+    """AgentBody (raw reward and one-hot previous action into the LSTM) + dueling heads of 512 hidden units.
+
+    forward(...) -> Q-values [T, B, A] (in the value-rescaled space), new state.
+    """
+
+    def __init__(self, spec: EnvSpec, config: LearnerConfig):
+        super().__init__()
+        network = resolve_network(spec, config.network, "nature")
+        sizes = tuple(int(s) for s in config.mlp_sizes.split(",") if s)
+        self.body = AgentBody(spec, network, config.network_width, config.use_lstm, config.lstm_size, sizes,
+                              clip_reward_input=False)
+        hidden = 512 if network != "mlp" else max(sizes[-1] if sizes else 64, 64)
+        self.value = nn.Sequential(nn.Linear(self.body.output_size, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+        self.advantage = nn.Sequential(nn.Linear(self.body.output_size, hidden), nn.ReLU(),
+                                       nn.Linear(hidden, spec.num_actions, bias=False))
+        glorot_uniform_(self)
+
+    def initial_state(self, batch_size: int) -> State:
+        return self.body.initial_state(batch_size)
+
+    def forward(self, observation, prev_action, reward, done, state):
+        features, new_state = self.body(observation, prev_action, reward, done, state)
+        advantage = self.advantage(features)
+        q = self.value(features) + advantage - advantage.mean(-1, keepdim=True)
+        return q, new_state
+
+
+class Agent:
+    uses_replay = True
+
+    def __init__(self, spec: EnvSpec, config: LearnerConfig):
+        if config.burn_in >= config.unroll_length:
+            raise ValueError(f"burn_in: got {config.burn_in}, expected < unroll_length ({config.unroll_length})")
+        self.spec = spec
+        self.config = config
+        self.network = DuelingQNetwork(spec, config)
+        self.target_network = copy.deepcopy(self.network).requires_grad_(False)
+        self.epsilons = torch.from_numpy(epsilon_schedule(
+            config.num_envs, config.num_eval_envs, config.epsilon_base, config.epsilon_alpha,
+            config.eval_epsilon)).float()
+
+    def initial_state(self, batch_size: int) -> State:
+        return self.network.initial_state(batch_size)
+
+    def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        q, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
+                               batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
+        q = q[0]
+        if self.epsilons.device != q.device:
+            self.epsilons = self.epsilons.to(q.device)
+        explore = torch.rand(q.shape[0], device=q.device) < self.epsilons[batch.env_ids]
+        random_action = torch.randint(0, q.shape[-1], (q.shape[0],), device=q.device)
+        action = torch.where(explore, random_action, q.argmax(-1))
+        return ActOutput(action=action, outputs={"q_values": q}, state=new_state)
+
+    def _targets(self, q_online: torch.Tensor, q_target: torch.Tensor, segment: dict[str, torch.Tensor]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rescaled n-step double-Q targets [T, B] and their mask for a segment of T + 1 steps."""
+        eps = self.config.value_rescaling_epsilon
+        best = q_online.argmax(-1, keepdim=True)
+        bootstrap = inverse_value_rescale(q_target.gather(-1, best).squeeze(-1), eps)
+        targets, mask = n_step_targets(segment["reward"], segment["done"], segment["truncated"], bootstrap,
+                                       self.config.n_steps, self.config.discounting)
+        return value_rescale(targets, eps), mask & segment["valid"][:-1]
+
+    @torch.no_grad()
+    def initial_priorities(self, unrolls: list[Unroll]) -> np.ndarray:
+        """Priorities at insertion from the Q-values stored at inference: they serve as both the online and
+        the target values, and the bootstrap action is their argmax (greedy), not the epsilon-greedy action."""
+        batch = Unroll.stack(unrolls)
+        segment = {k: v[self.config.burn_in:] for k, v in batch.steps.items()}
+        q = segment["q_values"].float()
+        targets, mask = self._targets(q, q, segment)
+        taken = q[:-1].gather(-1, segment["action"][:-1].unsqueeze(-1)).squeeze(-1)
+        return sequence_priorities(targets - taken, mask, self.config.priority_eta).double().numpy()
+
+    def burn_in(self, unrolls: Unroll) -> tuple[State, State]:
+        """Runs the burn-in prefix through the online and target networks from the stored state, no gradient."""
+        b = self.config.burn_in
+        state = unrolls.initial_state
+        if b == 0:
+            return state, state
+        prefix = [unrolls.observation[:b], unrolls.prev_action[:b], unrolls.reward[:b], unrolls.done[:b]]
+        with torch.no_grad():
+            _, online_state = self.network(*prefix, state)
+            _, target_state = self.target_network(*prefix, state)
+        # A fresh env's prefix is all padding: keep its stored (zero) state instead of the padding's effect.
+        real = unrolls.valid[b - 1]
+        keep = lambda burned: {k: torch.where(real.view(-1, *[1] * (v.dim() - 1)), v, state[k])
+                               for k, v in burned.items()}
+        return keep(online_state), keep(target_state)
+
+    def loss(self, batch: TrainingBatch) -> LossOutput:
+        """Importance-weighted 0.5 sum_t delta_t^2 per sequence, averaged over the batch.
+
+        Burn-in steps [0, burn_in) only warm up the recurrent state; the T + 1 steps after them form the
+        training segment (T transitions plus the bootstrap step).
+        """
+        c = self.config
+        unrolls = batch.unrolls
+        online_state, target_state = self.burn_in(unrolls)
+        segment = {k: v[c.burn_in:] for k, v in unrolls.steps.items()}
+        inputs = [segment["observation"], segment["prev_action"], segment["reward"], segment["done"]]
+        q_online, _ = self.network(*inputs, online_state)
+        with torch.no_grad():
+            q_target, _ = self.target_network(*inputs, target_state)
+            targets, mask = self._targets(q_online.detach(), q_target, segment)
+        taken = q_online[:-1].gather(-1, segment["action"][:-1].unsqueeze(-1)).squeeze(-1)
+        td = targets - taken
+        per_sequence = 0.5 * (td.pow(2) * mask).sum(0)
+        weights = batch.importance_weights if batch.importance_weights is not None else torch.ones_like(per_sequence)
+        loss = (weights * per_sequence).mean()
+        priorities = sequence_priorities(td.detach(), mask, c.priority_eta)
+        metrics = {
+            "losses/total": loss.item(),
+            "q/mean": q_online.detach().mean().item(),
+            "td/abs_mean": (td.detach().abs() * mask).sum().item() / max(mask.sum().item(), 1),
+            "updated_priorities_mean": priorities.mean().item(),
+        }
+        return LossOutput(loss, metrics, priorities)
+
+    def after_update(self, train_steps: int) -> None:
+        if train_steps % self.config.target_update_interval == 0:
+            self.target_network.load_state_dict(self.network.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"network": self.network.state_dict(), "target_network": self.target_network.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.network.load_state_dict(state["network"])
+        self.target_network.load_state_dict(state["target_network"])
+
+
+def describe_config(config: LearnerConfig) -> dict[str, Any]:
+    """Derived values for --print_config: the replay's expected memory for this env and network."""
+    from seed.envs import make_spec
+
+    spec = make_spec(config.env, config.env_options())
+    network = DuelingQNetwork(spec, config)
+    length = config.burn_in + config.unroll_length + 1
+    step_bytes = (int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
+                  + 4 + 1 + 1 + 8 + 8 + 1 + 4 * spec.num_actions)  # obs, reward, done, truncated, actions, valid, q
+    state_bytes = sum(t.numel() * t.element_size() for t in network.initial_state(1).values())
+    per_sequence = length * step_bytes + state_bytes + 8
+    return {
+        "replay_sequence_length": length,
+        "replay_bytes_per_sequence": per_sequence,
+        "replay_expected_bytes": per_sequence * config.replay_capacity,
+        "replay_expected_gib": round(per_sequence * config.replay_capacity / 2**30, 2),
+    }

@@ -1,0 +1,433 @@
+"""Measuring one benchmark run (used by `seed-bench`): start a server process and actor processes, run them
+for a fixed time, and read what they did over the window after the warm-up.
+
+  env frames/s at the actors   each actor's cumulative stats rows (seed/actor_stats.py), interpolated at the
+                               window's ends, summed over actors
+  env frames/s at the learner  two rows of the server's metrics.jsonl (the learner's own clock)
+  round-trip latency           the actors' latency samples of the rows written in the window, weighted by the
+                               round trips each row stands for
+  CPU                          /proc/<pid>/stat utime and stime of every process at the window's ends; the
+                               whole machine's busy time from /proc/stat, so the load of other processes shows
+  GPU                          nvidia-smi once a second, when there is one
+  profiles                     optionally py-spy (threads holding the GIL) over the window
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+SERVER_START_TIMEOUT_S = 180.0
+ACTOR_START_TIMEOUT_S = 180.0
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class BenchError(RuntimeError):
+    """A benchmark could not run or measure (the message says which process and where its log is)."""
+
+
+def process_cpu_times(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of a live process, all its threads (/proc/<pid>/stat); None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    ticks = os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / ticks, int(fields[12]) / ticks
+
+
+def machine_busy_seconds() -> float | None:
+    """CPU seconds spent busy by the whole machine since boot (all cores; /proc/stat), for the load of others."""
+    try:
+        with open("/proc/stat") as f:
+            values = [int(v) for v in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = values[3] + (values[4] if len(values) > 4 else 0)
+    return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+class GpuSampler:
+    """Samples `nvidia-smi` once a second on a thread; `summary()` is None where there is no nvidia-smi."""
+
+    QUERY = ["nvidia-smi", "--query-gpu=index,name,utilization.gpu,memory.used", "--format=csv,noheader,nounits"]
+
+    def __init__(self):
+        self.available = shutil.which("nvidia-smi") is not None
+        self._samples: dict[int, dict[str, Any]] = {}
+        self._recording = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="gpu-sampler", daemon=True)
+
+    @staticmethod
+    def query() -> list[tuple[int, str, float, float]]:
+        if shutil.which("nvidia-smi") is None:
+            return []
+        try:
+            output = subprocess.run(GpuSampler.QUERY, capture_output=True, text=True, timeout=10).stdout
+        except (OSError, subprocess.SubprocessError):
+            return []
+        rows = []
+        for line in output.strip().splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            try:
+                rows.append((int(parts[0]), parts[1], float(parts[2]), float(parts[3])))
+            except (IndexError, ValueError):
+                continue
+        return rows
+
+    def start(self) -> None:
+        if self.available:
+            self._thread.start()
+
+    def record(self, on: bool) -> None:
+        self._recording = on
+
+    def _loop(self) -> None:
+        while not self._stop.wait(1.0):
+            if not self._recording:
+                continue
+            for index, name, utilization, memory in self.query():
+                entry = self._samples.setdefault(index, {"index": index, "name": name, "util": [], "mem": []})
+                entry["util"].append(utilization)
+                entry["mem"].append(memory)
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def summary(self) -> list[dict[str, Any]] | None:
+        if not self.available:
+            return None
+        return [{"index": e["index"], "name": e["name"], "utilization_pct_mean": float(np.mean(e["util"])),
+                 "memory_used_mib_max": float(np.max(e["mem"])), "samples": len(e["util"])}
+                for e in self._samples.values() if e["util"]]
+
+
+def read_jsonl(path: str) -> list[dict[str, Any]]:
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                try:
+                    rows.append(json.loads(line))
+                except json.JSONDecodeError:  # a row being written while we read
+                    continue
+    return rows
+
+
+def weighted_percentiles(samples: list[float], weights: list[float], quantiles: tuple[float, ...]) -> list[float]:
+    """Percentiles of samples where each sample stands for `weight` observations (reservoir-thinned windows)."""
+    order = np.argsort(samples)
+    values = np.asarray(samples, np.float64)[order]
+    cumulative = np.cumsum(np.asarray(weights, np.float64)[order])
+    cumulative /= cumulative[-1]
+    return [float(values[min(np.searchsorted(cumulative, q / 100.0), len(values) - 1)]) for q in quantiles]
+
+
+def _value_at(rows: list[dict[str, Any]], key: str, when: float) -> float:
+    """`key` linearly interpolated between the rows written around `when` (clamped to the first/last row)."""
+    times = [r["time"] for r in rows]
+    return float(np.interp(when, times, [r[key] for r in rows]))
+
+
+def actor_window(rows: list[dict[str, Any]], start: float, end: float) -> dict[str, Any] | None:
+    """Counts of one actor over [start, end] (unix time) interpolated from its cumulative stats rows, and the
+    latency samples of the rows whose windows fall in it. None if the actor has no rows around the window."""
+    rows = sorted(rows, key=lambda r: r["time"])
+    if len(rows) < 2 or rows[-1]["time"] <= start or rows[0]["time"] >= end:
+        return None
+    start, end = max(start, rows[0]["time"]), min(end, rows[-1]["time"])
+    counts = {key: _value_at(rows, key, end) - _value_at(rows, key, start)
+              for key in ("agent_steps", "env_frames", "round_trips", "cpu_s")}
+    samples, weights = [], []
+    for previous, row in zip(rows, rows[1:], strict=False):
+        # A row holds the samples since the previous row: keep it if most of that span is in the window.
+        if row["latency_ms"] and start <= (previous["time"] + row["time"]) / 2 <= end:
+            weight = row["latency_count"] / len(row["latency_ms"])
+            samples.extend(row["latency_ms"])
+            weights.extend([weight] * len(row["latency_ms"]))
+    return {"seconds": end - start, **counts, "samples": samples, "weights": weights}
+
+
+def learner_window(first: dict[str, Any] | None, last: dict[str, Any] | None, rows: list[dict[str, Any]]
+                   ) -> dict[str, Any]:
+    """Learner-side rates between two metrics.jsonl rows and means of the per-row values between them."""
+    out: dict[str, Any] = {"env_frames_per_sec_learner": None, "train_steps_per_sec": None,
+                           "inference_batch_size_mean": None, "learner_latency_ms_p50": None,
+                           "learner_latency_ms_p99": None}
+    if last is None:
+        return out
+    if first is None or first["time_s"] >= last["time_s"]:
+        first = {"time_s": 0.0, "env_frames": 0, "train_steps": 0}
+    seconds = last["time_s"] - first["time_s"]
+    out["env_frames_per_sec_learner"] = (last["env_frames"] - first["env_frames"]) / seconds
+    out["train_steps_per_sec"] = (last["train_steps"] - first["train_steps"]) / seconds
+    window = [r for r in rows if first["time_s"] < r["time_s"] <= last["time_s"]]
+
+    def mean_of(key: str) -> float | None:
+        values = [r[key] for r in window if r.get(key) is not None]
+        return float(np.mean(values)) if values else None
+
+    out["inference_batch_size_mean"] = mean_of("inference_batch_size_mean")
+    out["learner_latency_ms_p50"] = mean_of("inference_latency_ms_p50")
+    out["learner_latency_ms_p99"] = mean_of("inference_latency_ms_p99")
+    return out
+
+
+@dataclasses.dataclass
+class Job:
+    """One measured run: a server process (learner, actor-side learner or ceiling) and actor processes."""
+
+    kind: str  # "framework", "actor_side" or "transport"
+    run_dir: str
+    address: str  # what the actors dial, also used for the health check
+    server_cmd: list[str]
+    actor_cmds: list[list[str]]
+    stats_files: list[str]
+    metrics_path: str | None  # the server's metrics.jsonl, if it writes one
+
+
+def _tail(path: str, lines: int = 30) -> str:
+    try:
+        with open(path, errors="replace") as f:
+            return "".join(f.readlines()[-lines:])
+    except OSError:
+        return ""
+
+
+class _Progress:
+    """A one-line progress bar on stderr (redrawn in place on a terminal, a line per quarter otherwise)."""
+
+    def __init__(self, label: str, total_s: float, width: int = 30):
+        self.label, self.total_s, self.width = label, total_s, width
+        self.tty = sys.stderr.isatty()
+        self._last_quarter = -1
+
+    def update(self, elapsed_s: float, phase: str, fps: float | None) -> None:
+        fraction = min(1.0, elapsed_s / self.total_s)
+        filled = int(round(fraction * self.width))
+        rate = "-" if fps is None else f"{fps:,.0f}"
+        line = (f"{self.label} [{'#' * filled}{'.' * (self.width - filled)}] {elapsed_s:5.1f}/{self.total_s:.0f}s "
+                f"{phase:<7} learner fps={rate}")
+        if self.tty:
+            sys.stderr.write("\r" + line + "\x1b[K")
+            sys.stderr.flush()
+        elif int(fraction * 4) > self._last_quarter:
+            self._last_quarter = int(fraction * 4)
+            print(line, file=sys.stderr, flush=True)
+
+    def done(self) -> None:
+        if self.tty:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _stop_processes(processes: list[subprocess.Popen], timeout_s: float) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout_s
+    for process in processes:
+        try:
+            process.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def start_profiler(pid: int, seconds: float, path: str) -> subprocess.Popen | None:
+    """py-spy sampling `pid` (only threads holding the GIL) for `seconds` into `path`; None without py-spy."""
+    if shutil.which("py-spy") is None:
+        print("seed-bench: --profile needs py-spy (pip install py-spy); not profiling", file=sys.stderr)
+        return None
+    return subprocess.Popen(["py-spy", "record", "--pid", str(pid), "--duration", str(max(1, int(seconds))),
+                             "--rate", "200", "--format", "raw", "--threads", "--gil", "--nonblocking",
+                             "--output", path],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def summarise_profile(path: str, top: int = 20) -> dict[str, Any] | None:
+    """Share of samples per thread, and the top functions by self and inclusive samples, from py-spy raw output."""
+    if not os.path.exists(path):
+        return None
+    self_counts: dict[str, int] = {}
+    inclusive: dict[str, int] = {}
+    threads: dict[str, int] = {}
+    total = 0
+    with open(path) as f:
+        for line in f:
+            stack, _, count = line.rstrip("\n").rpartition(" ")
+            if not stack or not count.isdigit():
+                continue
+            n = int(count)
+            frames = stack.split(";")
+            total += n
+            threads[frames[0]] = threads.get(frames[0], 0) + n
+            self_counts[frames[-1]] = self_counts.get(frames[-1], 0) + n
+            for frame in set(frames[1:]):
+                inclusive[frame] = inclusive.get(frame, 0) + n
+    if not total:
+        return None
+    share = lambda counts: [{"frame": k, "pct": round(100.0 * v / total, 1)}
+                            for k, v in sorted(counts.items(), key=lambda kv: -kv[1])[:top]]
+    return {"samples": total, "path": path, "threads": share(threads), "self": share(self_counts),
+            "inclusive": share(inclusive)}
+
+
+def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
+            profile: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Runs `job` for `duration_s` seconds after its actors start; measures over the last duration - warmup.
+
+    `profile` names processes ("server", "actor0", ...) to sample with py-spy during the measurement window.
+    """
+    from seed.local_launcher import wait_until_serving
+
+    os.makedirs(job.run_dir, exist_ok=True)
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+
+    def start(cmd: list[str], name: str) -> subprocess.Popen:
+        log = open(os.path.join(job.run_dir, f"{name}.log"), "ab")
+        process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+        log.close()
+        process.log_path = os.path.join(job.run_dir, f"{name}.log")  # type: ignore[attr-defined]
+        return process
+
+    server = start(job.server_cmd, "server")
+    actors: list[subprocess.Popen] = []
+    gpu = GpuSampler()
+    gpu.start()
+    bar = _Progress(f"[{job.kind}]", duration_s) if progress else None
+    try:
+        if not wait_until_serving(job.address, server, SERVER_START_TIMEOUT_S):
+            raise BenchError(f"{job.kind}: the server did not start serving on {job.address} "
+                             f"(exit code {server.poll()}); {server.log_path}:\n{_tail(server.log_path)}")
+        actors = [start(cmd, f"actor{i}") for i, cmd in enumerate(job.actor_cmds)]
+        # The clock starts once every actor steps (its first stats row), not at spawn: importing torch and
+        # building a network take seconds, and would otherwise count against whichever run does more of it.
+        deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
+        while not all(read_jsonl(path) for path in job.stats_files):
+            for process in (server, *actors):
+                if process.poll() is not None:
+                    raise BenchError(f"{job.kind}: a process exited early with code {process.returncode}; "
+                                     f"{process.log_path}:\n{_tail(process.log_path)}")
+            if time.monotonic() > deadline:
+                raise BenchError(f"{job.kind}: actors did not start stepping within {ACTOR_START_TIMEOUT_S:.0f}s; "
+                                 f"logs in {job.run_dir}")
+            if bar:
+                bar.update(0.0, "start", None)
+            time.sleep(0.1)
+        started = time.time()
+        warm_end, end = started + warmup_s, started + duration_s
+        load_before = os.getloadavg()
+        marks: dict[str, dict[str, Any]] = {}
+        profilers: dict[str, subprocess.Popen] = {}
+        named = {"server": server, **{f"actor{i}": a for i, a in enumerate(actors)}}
+
+        def mark() -> dict[str, Any]:
+            rows = read_jsonl(job.metrics_path) if job.metrics_path else []
+            return {"time": time.time(), "learner_cpu": process_cpu_times(server.pid),
+                    "actor_cpu": [process_cpu_times(a.pid) for a in actors],
+                    "machine_busy": machine_busy_seconds(), "learner_row": rows[-1] if rows else None}
+
+        while True:
+            now = time.time()
+            if "warm" not in marks and now >= warm_end:
+                marks["warm"] = mark()
+                gpu.record(True)
+                for name in profile:
+                    if name in named:
+                        profiler = start_profiler(named[name].pid, end - now,
+                                                  os.path.join(job.run_dir, f"profile-{name}.txt"))
+                        if profiler:
+                            profilers[name] = profiler
+            if now >= end:
+                marks["end"] = mark()
+                break
+            for process in (server, *actors):
+                if process.poll() is not None:
+                    raise BenchError(f"{job.kind}: a process exited early with code {process.returncode}; "
+                                     f"{process.log_path}:\n{_tail(process.log_path)}")
+            if bar:
+                rows = read_jsonl(job.metrics_path) if job.metrics_path else []
+                fps = rows[-1].get("env_frames_per_sec") if rows else None
+                bar.update(now - started, "warm-up" if now < warm_end else "measure", fps)
+            time.sleep(min(0.5, max(0.01, (warm_end if "warm" not in marks else end) - now)))
+        gpu.record(False)
+        load_after = os.getloadavg()
+        for profiler in profilers.values():
+            try:
+                profiler.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                profiler.kill()
+    finally:
+        if bar:
+            bar.done()
+        gpu.stop()
+        _stop_processes(actors, timeout_s=15)
+        _stop_processes([server], timeout_s=30)
+
+    warm, last = marks["warm"], marks["end"]
+    seconds = last["time"] - warm["time"]
+    windows = [actor_window(read_jsonl(path), warm["time"], last["time"]) for path in job.stats_files]
+    live = [w for w in windows if w is not None]
+    if not live:
+        raise BenchError(f"{job.kind}: no actor wrote two stats rows in the measurement window "
+                         f"({seconds:.1f}s); make --duration_s longer. Logs in {job.run_dir}")
+    samples = [s for w in live for s in w["samples"]]
+    weights = [x for w in live for x in w["weights"]]
+    p50, p99 = weighted_percentiles(samples, weights, (50, 99)) if samples else (None, None)
+
+    def cpu_delta(before: tuple[float, float] | None, after: tuple[float, float] | None
+                  ) -> tuple[float, float] | None:
+        return None if before is None or after is None else (after[0] - before[0], after[1] - before[1])
+
+    learner_times = cpu_delta(warm["learner_cpu"], last["learner_cpu"])
+    actor_times = [cpu_delta(b, a) for b, a in zip(warm["actor_cpu"], last["actor_cpu"], strict=True)]
+    learner_cpu = None if learner_times is None else sum(learner_times)
+    if all(t is not None for t in actor_times):
+        actors_cpu = float(sum(sum(t) for t in actor_times))
+        actors_system = float(sum(t[1] for t in actor_times))
+    else:  # an actor is gone: fall back on the actors' own accounting
+        actors_cpu, actors_system = float(sum(w["cpu_s"] for w in live)), None
+    busy = None if warm["machine_busy"] is None else last["machine_busy"] - warm["machine_busy"]
+    ours = (learner_cpu or 0.0) + actors_cpu
+    metrics_rows = read_jsonl(job.metrics_path) if job.metrics_path else []
+    result = {
+        "env_frames_per_sec": sum(w["env_frames"] / w["seconds"] for w in live),
+        "agent_steps_per_sec": sum(w["agent_steps"] / w["seconds"] for w in live),
+        "round_trips_per_sec": sum(w["round_trips"] / w["seconds"] for w in live),
+        **learner_window(warm["learner_row"], last["learner_row"], metrics_rows),
+        "round_trip_latency_ms_p50": p50,
+        "round_trip_latency_ms_p99": p99,
+        "latency_samples": len(samples),
+        "cpu_seconds": {"learner": learner_cpu, "actors": actors_cpu},
+        "cpu_cores_used": {"learner": None if learner_cpu is None else learner_cpu / seconds,
+                           "actors": actors_cpu / seconds},
+        "cpu_system_fraction": {"learner": None if not learner_cpu else learner_times[1] / learner_cpu,
+                                "actors": None if not actors_cpu or actors_system is None
+                                else actors_system / actors_cpu},
+        "machine_busy_cores": None if busy is None else busy / seconds,
+        "other_processes_cores": None if busy is None else max(0.0, (busy - ours) / seconds),
+        "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
+        "gpu": gpu.summary(),
+        "measured_s": seconds,
+        "actors_measured": len(live),
+        "run_dir": job.run_dir,
+        "profiles": {name: summarise_profile(os.path.join(job.run_dir, f"profile-{name}.txt")) for name in profile}
+        or None,
+    }
+    return result
