@@ -5,23 +5,33 @@ PIP := $(PYTHON) -m pip
 TORCH_SPEC ?= torch==2.13.0
 GRPC_VERSION := 1.85.1
 PYTEST_ARGS ?=
+# SKIP_FOOTBALL=1 runs the suite without building gfootball (its tests then skip with the reason).
+SKIP_FOOTBALL ?=
 
-.PHONY: install run test lint clean
+.PHONY: install football run test test-fast lint bench clean
 
 install: .install-stamp
 
 # torch first and pinned: a bare `torch` requirement would pull several GB of CUDA packages.
-.install-stamp: setup.py pyproject.toml protos/seed.proto Makefile
+.install-stamp: setup.py pyproject.toml protos/seed.proto Makefile launch/install_k8s_tools.sh
 	$(PIP) install --quiet $(TORCH_SPEC)
 	$(PIP) install --quiet setuptools wheel "grpcio-tools==$(GRPC_VERSION)"
 	$(PIP) install --quiet --no-build-isolation -e ".[atari,test]"
+	PYTHON=$(PYTHON) launch/install_k8s_tools.sh
 	touch $@
+
+# Google Research Football: apt build dependencies, then gfootball from source (~5 minutes, once).
+football: install
+	PYTHON=$(PYTHON) launch/install_football.sh
 
 run: install
 	launch/local.sh $(ARGS)
 
-test: install
+test: install $(if $(SKIP_FOOTBALL),,football)
 	$(PYTHON) -m pytest -q -ra $(PYTEST_ARGS) tests
+
+test-fast: install
+	$(PYTHON) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests
 
 lint: install
 	$(PYTHON) -m ruff check .

@@ -55,11 +55,12 @@ setup(
         "gymnasium>=1.0",
         "absl-py",
         "tensorboard",
+        "matplotlib",
     ],
     extras_require={
         "atari": ["ale-py>=0.12", "opencv-python-headless"],
         "football": ["gym==0.25.2", "six", "psutil"],
-        "test": ["pytest", "ruff", "pyyaml"],
+        "test": ["pytest", "ruff", "pyyaml", "kubernetes-validate==1.37.0"],
     },
     entry_points={
         "console_scripts": [
