@@ -15,9 +15,11 @@ from __future__ import annotations
 import math
 
 import torch
-from seed.envs.base import EnvSpec
 from torch import nn
 from torch.nn import functional as F
+
+from seed.envs.base import EnvSpec
+from seed.wire import torch_dtype
 
 State = dict[str, torch.Tensor]
 
@@ -195,7 +197,7 @@ class AgentBody(nn.Module):
         super().__init__()
         self.num_actions = spec.num_actions
         self.frame_shape = tuple(spec.observation_shape)
-        self.frame_dtype = getattr(torch, spec.observation_dtype)
+        self.frame_dtype = torch_dtype(spec.observation_dtype)
         self.history = spec.frame_stack - 1
         self.clip_reward_input = clip_reward_input
         self.torso = make_torso(spec, network, width, mlp_sizes)

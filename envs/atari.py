@@ -42,6 +42,7 @@ from typing import Any
 import cv2
 import numpy as np
 from ale_py import Action, ALEInterface, LoggerMode, roms
+
 from seed.envs.base import BatchStep, EnvBatch, EnvSpec, EpisodeStats, SequentialEnvBatch, StepResult
 
 OBSERVATION_SHAPE = (84, 84)  # (height, width) of one observation

@@ -15,11 +15,13 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
+
 from seed.envs.base import BatchStep, EnvSpec, EpisodeStats
 
 _KINDS = {
     "vector": dict(observation_shape=(8,), observation_dtype="float32", num_actions=4),
-    "atari": dict(observation_shape=(84, 84), observation_dtype="uint8", num_actions=18, action_repeat=4, frame_stack=4),
+    "atari": dict(observation_shape=(84, 84), observation_dtype="uint8", num_actions=18, action_repeat=4,
+                  frame_stack=4),
 }
 
 

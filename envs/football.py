@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 import torch
+
 from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult
 
 SMM_SIZES = {"default": (96, 72), "medium": (120, 90), "large": (144, 108)}  # (width, height)
@@ -103,13 +104,16 @@ def pack_smm(planes: np.ndarray) -> np.ndarray:
 
 
 def unpack_smm(packed: torch.Tensor | np.ndarray) -> torch.Tensor:
-    """Unpacks uint16 (or int32) [..., H, W] into float32 planes [..., 16, H, W] with values in {0, 1}."""
+    """Unpacks uint16 [..., H, W] into float32 planes [..., 16, H, W] with values in {0, 1}.
+
+    Also accepts the same bits as int16 (how the learner stores uint16, see seed.wire.torch_dtype) or wider ints.
+    """
     if isinstance(packed, np.ndarray):
         packed = torch.from_numpy(np.ascontiguousarray(packed))
-    if packed.dtype not in (torch.uint16, torch.int32, torch.int64):
-        raise ValueError(f"unpack_smm: got dtype {packed.dtype}, expected torch.uint16 or torch.int32")
-    # torch.uint16 supports few ops (no shifts): widen to int32 first.
-    words = packed.to(torch.int32).unsqueeze(-3)  # [..., 1, H, W]
+    if packed.dtype not in (torch.uint16, torch.int16, torch.int32, torch.int64):
+        raise ValueError(f"unpack_smm: got dtype {packed.dtype}, expected torch.uint16, int16 or int32")
+    # torch.uint16 supports few ops (no shifts): widen to int32 first; the mask undoes int16 sign extension.
+    words = torch.bitwise_and(packed.to(torch.int32), 0xFFFF).unsqueeze(-3)  # [..., 1, H, W]
     shifts = torch.arange(NUM_PLANES, dtype=torch.int32, device=packed.device).view(NUM_PLANES, 1, 1)
     return torch.bitwise_and(torch.bitwise_right_shift(words, shifts), 1).to(torch.float32)
 

@@ -1,15 +1,16 @@
 """Learner-side torso for `--env=football:*`: unpacks the bit-packed SMM and runs an IMPALA residual stack.
 
-Input: packed observations uint16 or int32 [..., H, W] (see `seed.envs.football.pack_smm`).
+Input: packed observations uint16 (or its bits as int16, how the learner stores it) [..., H, W] (see `seed.envs.football.pack_smm`).
 Output: features float32 [..., 256].
 """
 
 from __future__ import annotations
 
 import torch
-from seed.envs.football import NUM_PLANES, unpack_smm
 from torch import nn
 from torch.nn import functional as F
+
+from seed.envs.football import NUM_PLANES, unpack_smm
 
 SECTION_CHANNELS = (16, 32, 32, 32)
 BLOCKS_PER_SECTION = 2

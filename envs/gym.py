@@ -9,6 +9,7 @@ from typing import Any
 
 import gymnasium
 import numpy as np
+
 from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult
 
 

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import ale_py
 import numpy as np
+
 from seed.envs import atari
 
 

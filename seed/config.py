@@ -22,7 +22,8 @@ def _field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's namin
 class EnvOptions:
     """Env flags shared by learner and actor (both must build the same spec)."""
 
-    env: str = _field("gym:CartPole-v1", "FAMILY:NAME, e.g. gym:CartPole-v1, atari:Pong, football:academy_empty_goal_close, fake:vector.")
+    env: str = _field("gym:CartPole-v1",
+                      "FAMILY:NAME, e.g. gym:CartPole-v1, atari:Pong, football:academy_empty_goal_close, fake:vector.")
     envs_per_actor: int = _field(4, "Environments stepped by each actor process (K).")
     seed: int = _field(0, "Base random seed; env i is seeded with seed + env id.")
     action_repeat: int = _field(0, "Env frames per agent step; 0 = the env family's default (Atari 4, others 1).")
@@ -69,7 +70,8 @@ class LearnerConfig(EnvOptions):
     checkpoint_interval_s: float = _field(600.0, "Seconds between checkpoints (one is always written on exit).")
     torch_threads: int = _field(0, "torch intra-op threads in the learner; 0 = number of CPU cores.")
     # Network.
-    network: str = _field("auto", "mlp, impala_deep or nature; auto = mlp for vectors, the agent's image net otherwise.")
+    network: str = _field("auto", "mlp, impala_deep, nature or football; auto = mlp for vectors, else the agent's "
+                                  "image network.")
     network_width: int = _field(1, "Filter multiplier for image networks (paper Table 4 compares 1, 2, 4).")
     use_lstm: bool = _field(True, "Put an LSTM core after the torso.")
     lstm_size: int = _field(256, "LSTM hidden units.")
@@ -140,7 +142,8 @@ def build_config(config_class: type, *layers: dict[str, Any]):
     for layer in layers:
         unknown = set(layer) - names
         if unknown:
-            raise ValueError(f"unknown configuration keys {sorted(unknown)}; expected fields of {config_class.__name__}")
+            raise ValueError(f"unknown configuration keys {sorted(unknown)}; "
+                             f"expected fields of {config_class.__name__}")
         values.update(layer)
     return config_class(**values)
 

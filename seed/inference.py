@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from seed.batcher import StaleRequest, StepRequest
+from seed.wire import to_torch
 from seed.state_table import StateTable
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
@@ -130,7 +131,7 @@ class CentralInference:
         env_ids_t = torch.from_numpy(env_ids)
         batch = InferenceBatch(
             env_ids=env_ids_t.to(device),
-            observation=torch.from_numpy(observation).to(device),
+            observation=to_torch(observation).to(device),
             reward=torch.from_numpy(reward).to(device),
             done=torch.from_numpy(done).to(device),
             prev_action=table.prev_action.index_select(0, env_ids_t.to(device)),
@@ -143,7 +144,7 @@ class CentralInference:
         action_host = out.action.cpu()
 
         step = {
-            "observation": torch.from_numpy(observation),
+            "observation": to_torch(observation),
             "reward": torch.from_numpy(reward),
             "done": torch.from_numpy(done),
             "truncated": torch.from_numpy(truncated),

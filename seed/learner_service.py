@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
-from collections.abc import Iterator
 
 import grpc
 import numpy as np
@@ -47,7 +47,8 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
 
     def _check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
         if not 0 <= handshake.actor_index < self.num_actors:
-            return f"actor_index: got {handshake.actor_index}, expected 0 <= actor_index < {self.num_actors} (--num_actors)"
+            return (f"actor_index: got {handshake.actor_index}, "
+                    f"expected 0 <= actor_index < {self.num_actors} (--num_actors)")
         if handshake.num_envs != self.envs_per_actor:
             return f"num_envs: got {handshake.num_envs}, expected {self.envs_per_actor} (--envs_per_actor)"
         return wire.spec_mismatch(wire.spec_from_proto(handshake.spec), self.spec)
@@ -77,7 +78,8 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
         first_env_id = actor * num_envs
         self.registry[actor] = run_id  # from now on, requests of an older run of this actor are stale
         batcher = self.batchers[actor % len(self.batchers)]
-        log.info("actor %d connected (run %x, env ids %d..%d)", actor, run_id, first_env_id, first_env_id + num_envs - 1)
+        log.info("actor %d connected (run %x, env ids %d..%d)", actor, run_id, first_env_id,
+                 first_env_id + num_envs - 1)
         yield seed_pb2.LearnerMessage(
             handshake_reply=seed_pb2.HandshakeReply(first_env_id=first_env_id, learner_run=self.learner_run))
 

@@ -101,7 +101,9 @@ def main(argv: list[str]) -> int:
             raw = flags[f.name]
             kind = type(f.default)
             typed[f.name] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
-    config = resolve_config({**typed, **({} if "server_address" in flags else {"server_address": "unix:{logdir}/learner.sock"})})
+    if "server_address" not in flags:
+        typed["server_address"] = "unix:{logdir}/learner.sock"  # local actors use the unix socket
+    config = resolve_config(typed)
     flags["logdir"] = config.logdir
     flags["server_address"] = config.server_address
     os.makedirs(config.logdir, exist_ok=True)

@@ -46,7 +46,8 @@ class SumTree:
         if indices.size == 0:
             return
         if (values < 0).any() or not np.isfinite(values).all():
-            raise ValueError(f"priorities: got {values[(values < 0) | ~np.isfinite(values)][:3]}, expected finite >= 0")
+            bad = values[(values < 0) | ~np.isfinite(values)][:3]
+            raise ValueError(f"priorities: got {bad}, expected finite values >= 0")
         nodes = self._nodes
         nodes[self._leaf_start + indices] = values
         parents = np.unique((self._leaf_start + indices) // 2)
@@ -113,7 +114,9 @@ class PrioritizedReplay:
         self.min_size = max(min_size, 1)
         self.replay_ratio = replay_ratio
         self.batch_size = batch_size
-        self.max_insert_lead = max_insert_lead if max_insert_lead is not None else int(4 * batch_size / replay_ratio) + 1
+        if max_insert_lead is None:
+            max_insert_lead = int(4 * batch_size / replay_ratio) + 1
+        self.max_insert_lead = max_insert_lead
         self.tree = SumTree(capacity)
         self._rng = np.random.default_rng(seed)
         self._steps: dict[str, torch.Tensor] = {}

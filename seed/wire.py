@@ -7,6 +7,7 @@ read-only views on the message's bytes.
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from seed._proto import seed_pb2
 from seed.envs.base import EnvSpec, EpisodeStats
@@ -74,3 +75,19 @@ def episode_to_proto(stats: EpisodeStats) -> seed_pb2.EpisodeStats:
         frames=stats.frames,
         truncated=stats.truncated,
     )
+
+
+# torch has no indexing kernels for these unsigned types; the learner keeps their bits in the signed type
+# of the same width (a zero-copy reinterpretation), and networks read them back (e.g. football's unpacking).
+_SIGNED_STORAGE = {"uint16": "int16", "uint32": "int32", "uint64": "int64"}
+
+
+def torch_dtype(numpy_dtype: str) -> torch.dtype:
+    """The torch dtype the learner stores observations of `numpy_dtype` in."""
+    return getattr(torch, _SIGNED_STORAGE.get(numpy_dtype, numpy_dtype))
+
+
+def to_torch(array: np.ndarray) -> torch.Tensor:
+    """numpy -> torch without a copy, reinterpreting unsigned types torch cannot index (see torch_dtype)."""
+    signed = _SIGNED_STORAGE.get(array.dtype.name)
+    return torch.from_numpy(array.view(signed) if signed else array)

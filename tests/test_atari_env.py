@@ -5,8 +5,9 @@ from __future__ import annotations
 import cv2
 import numpy as np
 import pytest
-import seed.envs as envs
 from ale_py import Action, ALEInterface, roms
+
+import seed.envs as envs
 from seed.envs import atari
 from seed.envs.base import SequentialEnvBatch
 

@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+
 from seed.envs import atari, atari_scores
 
 REFERENCE_CSV = "/work/shared/reference/atari57_scores.csv"

@@ -91,8 +91,8 @@ def test_restarted_learner_resumes_from_checkpoint(processes, tmp_path):
     # The same actors reconnect by themselves to the new learner on the same logdir.
     second = processes.learner(_learner_args(logdir, address), "learner2")
     wait_for(lambda: "resumed from" in processes.output(second), 60, "the resume message")
-    wait_for(lambda: len(read_metrics(logdir)) > 0 and read_metrics(logdir)[-1]["train_steps"] > before["train_steps"] + 5,
-             90, "training after the restart", on_timeout=lambda: processes.output(second))
+    wait_for(lambda: _trained(logdir, before["train_steps"] + 5), 90, "training after the restart",
+             on_timeout=lambda: processes.output(second))
     rows = read_metrics(logdir)
     resumed = [r for r in rows if r["time_s"] < rows[-1]["time_s"] + 1][-1]
     assert resumed["env_frames"] > before["env_frames"]

@@ -11,6 +11,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+
 from seed.envs.football import SMM_SIZES, pack_smm, smm_size, unpack_smm
 from seed.envs.football_network import FootballTorso
 

@@ -109,7 +109,7 @@ def test_malformed_step_fails_that_actor_only(learner, observation, reward, expe
         # And a correct actor can still join afterwards on the index of the bad one.
         channel, responses = _open(address, [_handshake(actor_index=0), _step(np.zeros((4, 8), np.float32))])
         with channel:
-            replies = list(zip(range(2), responses))
+            replies = list(zip(range(2), responses, strict=False))
         assert replies[1][1].actions.action.shape == [4]
     finally:
         stop.set()

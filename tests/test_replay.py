@@ -35,8 +35,8 @@ def test_sum_tree_updates_and_find():
 
 
 def _unroll(value, length=3):
-    return Unroll({"reward": torch.full((length,), float(value)), "observation": torch.zeros(length, 2, dtype=torch.uint8)},
-                  {"h": torch.full((4,), float(value))}, torch.tensor(value))
+    steps = {"reward": torch.full((length,), float(value)), "observation": torch.zeros(length, 2, dtype=torch.uint8)}
+    return Unroll(steps, {"h": torch.full((4,), float(value))}, torch.tensor(value))
 
 
 def test_importance_weights_follow_the_formula():

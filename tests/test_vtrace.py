@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 import torch
+
 from seed.agents.vtrace.vtrace import from_importance_weights
 
 
@@ -27,7 +28,8 @@ def _vtrace_by_definition(log_rhos, discounts, rewards, values, bootstrap, rho_b
     return vs, pg
 
 
-@pytest.mark.parametrize("rho_bar,pg_rho_bar,lambda_", [(1.0, 1.0, 1.0), (3.7, 2.2, 1.0), (0.8, 1.3, 0.9), (2.0, 0.5, 0.5)])
+@pytest.mark.parametrize("rho_bar,pg_rho_bar,lambda_",
+                         [(1.0, 1.0, 1.0), (3.7, 2.2, 1.0), (0.8, 1.3, 0.9), (2.0, 0.5, 0.5)])
 def test_matches_definition(rho_bar, pg_rho_bar, lambda_):
     rng = np.random.default_rng(7)
     T, B = 7, 5

@@ -40,12 +40,10 @@ def default_config(env_family: str) -> dict[str, Any]:
     if env_family == "atari":
         return dict(ATARI_TABLE_8)
     if env_family in ("gym", "fake"):
-        # With 8 envs instead of hundreds, the Ape-X schedule starting at 0.4 would keep the most exploratory
-        # envs far from the optimum, so small runs start it at 0.1.
         return dict(network="mlp", mlp_sizes="64", use_lstm=True, lstm_size=64, unroll_length=20, burn_in=5,
                     batch_size=32, learning_rate=5e-4, adam_epsilon=1e-3, discounting=0.99, n_steps=3,
                     replay_capacity=4000, replay_min_size=100, replay_ratio=2.0, target_update_interval=200,
-                    epsilon_base=0.1, grad_clip_norm=40.0, total_environment_frames=1e6, log_interval_s=5.0)
+                    grad_clip_norm=40.0, total_environment_frames=1e6, log_interval_s=5.0)
     if env_family == "football":
         return dict(network="football", use_lstm=True, lstm_size=256, unroll_length=32, burn_in=8,
                     replay_capacity=20_000, replay_min_size=500, discounting=0.997, learning_rate=1e-4,

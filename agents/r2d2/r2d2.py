@@ -80,7 +80,10 @@ def sequence_priorities(td_errors: torch.Tensor, mask: torch.Tensor, eta: float 
 
 def epsilon_schedule(num_envs: int, num_eval_envs: int, base: float = 0.4, alpha: float = 7.0,
                      eval_epsilon: float = 1e-3) -> np.ndarray:
-    """Per env id: training env i of N acts with base^(1 + alpha i / (N - 1)); the last num_eval_envs get eval_epsilon."""
+    """Per env id: training env i of N acts with base^(1 + alpha i / (N - 1)).
+
+    The last `num_eval_envs` env ids get `eval_epsilon`.
+    """
     num_train = num_envs - num_eval_envs
     if num_train < 1:
         raise ValueError(f"num_eval_envs: got {num_eval_envs}, expected < the number of envs ({num_envs})")

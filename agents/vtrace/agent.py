@@ -5,13 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from seed.agents.networks import AgentBody, State
-from seed.agents.vtrace.vtrace import from_importance_weights
-from seed.envs.base import EnvSpec
 from torch import nn
 from torch.nn import functional as F
 
+from seed.agents.networks import AgentBody, State
+from seed.agents.vtrace.vtrace import from_importance_weights
 from seed.config import LearnerConfig
+from seed.envs.base import EnvSpec
 from seed.inference import ActOutput, InferenceBatch
 from seed.unroll import LossOutput, TrainingBatch
 
