@@ -5,8 +5,10 @@ An agent module exposes:
     default_config(env_family: str) -> dict      per-env-family defaults over LearnerConfig
     Agent(spec: EnvSpec, config: LearnerConfig)  with the methods the learner calls:
         initial_state(n) -> State                 zero per-env state rows [n, ...]
+        to(device)                                moves the trained networks to the training device
         act(network, batch, state) -> ActOutput   on the inference device, under inference_mode
-        loss(unrolls) -> (loss, metrics)          on the training device
+        loss(batch: TrainingBatch) -> LossOutput  on the training device
+        after_update(train_steps)                 after each optimizer step (R2D2: target copy)
         network                                   the trained nn.Module (the learner copies it for inference)
         state_dict() / load_state_dict(d)         everything to checkpoint besides the optimizer
 """

@@ -92,7 +92,7 @@ class Learner:
         self.stop_event = threading.Event()
 
         self.agent = agent_module(config.agent).Agent(self.spec, config)
-        self.agent.network.to(self.training_device)
+        self.agent.to(self.training_device)
         self.optimizer = torch.optim.Adam(self.agent.network.parameters(), lr=config.learning_rate,
                                           eps=config.adam_epsilon, betas=(config.adam_beta1, 0.999))
         restored = checkpoint.load(config.logdir)
@@ -115,7 +115,8 @@ class Learner:
             sink=self.experience.sink, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch)
         self.batcher = InferenceBatcher(config.inference_batch_size, config.batch_timeout_ms / 1000.0,
                                         self.inference.run_batch)
-        self.writer = MetricsWriter(config.logdir)
+        # Football's shaped rewards differ from its score (goals): show both.
+        self.writer = MetricsWriter(config.logdir, show_raw_return=self.spec.name.startswith("football:"))
         self.server: grpc.Server | None = None
         self.bound_addresses: list[str] = []
 

@@ -27,6 +27,9 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
     config.server_address = config.server_address.replace("{logdir}", config.logdir)
     if config.inference_batch_size == -1:
         config.inference_batch_size = max(config.envs_per_actor, config.num_envs // 2)
+    if config.replay_min_size > config.replay_capacity and "replay_min_size" not in explicit:
+        # A small --replay_capacity (e.g. Atari on a 24 GiB machine) implies a smaller warm-up.
+        config.replay_min_size = max(1, config.replay_capacity // 2)
     if config.queue_capacity == 0:
         config.queue_capacity = config.batch_size
     validate(config)

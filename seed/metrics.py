@@ -107,8 +107,9 @@ class LearnerMetrics:
 class MetricsWriter:
     """Writes rows to stdout (one progress line), `<logdir>/metrics.jsonl` and TensorBoard."""
 
-    def __init__(self, logdir: str):
+    def __init__(self, logdir: str, show_raw_return: bool = False):
         self.path = os.path.join(logdir, "metrics.jsonl")
+        self.show_raw_return = show_raw_return
         self._tensorboard = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -121,7 +122,7 @@ class MetricsWriter:
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
         with open(self.path, "a") as f:
             f.write(json.dumps(clean) + "\n")
-        print(progress_line(clean), flush=True)
+        print(progress_line(clean, self.show_raw_return), flush=True)
         if self._tensorboard is not None:
             step = int(clean["env_frames"])
             for key, value in clean.items():
@@ -134,10 +135,21 @@ class MetricsWriter:
             self._tensorboard.close()
 
 
-def progress_line(row: dict[str, Any]) -> str:
+def progress_line(row: dict[str, Any], show_raw_return: bool = False) -> str:
     fmt = lambda v, spec: "-" if v is None else format(v, spec)
-    return (f"[learner {time.strftime('%H:%M:%S')}] frames={row['env_frames']:,} "
+    line = (f"[learner {time.strftime('%H:%M:%S')}] frames={row['env_frames']:,} "
             f"fps={fmt(row['env_frames_per_sec'], ',.0f')} train_steps={row['train_steps']:,} "
             f"({fmt(row.get('train_steps_per_sec'), '.1f')}/s) episodes={row['episodes']:,} "
-            f"return={fmt(row['episode_return_mean'], '.1f')} batch={fmt(row['inference_batch_size_mean'], '.1f')} "
-            f"latency_p50={fmt(row['inference_latency_ms_p50'], '.2f')}ms queue={row.get('queue_size', '-')}")
+            f"return={fmt(row['episode_return_mean'], '.1f')}")
+    # Optional parts: the raw score (football goals), eval envs, replay.
+    if show_raw_return and row.get("episode_raw_return_mean") is not None:
+        line += f" score={row['episode_raw_return_mean']:.2f}"
+    if row.get("eval_episode_return_mean") is not None:
+        line += f" eval_return={row['eval_episode_return_mean']:.1f}"
+    line += (f" batch={fmt(row['inference_batch_size_mean'], '.1f')}"
+             f" latency_p50={fmt(row['inference_latency_ms_p50'], '.2f')}ms")
+    if "replay_size" in row:
+        line += f" replay={row['replay_size']:,} ({row['replay_bytes'] / 2**20:,.0f} MiB)"
+    else:
+        line += f" queue={row.get('queue_size', '-')}"
+    return line

@@ -96,6 +96,12 @@ class Agent:
     def initial_state(self, batch_size: int) -> State:
         return self.network.initial_state(batch_size)
 
+    def to(self, device: torch.device) -> Agent:
+        """Moves the trained networks (online and target) to the training device."""
+        self.network.to(device)
+        self.target_network.to(device)
+        return self
+
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
         q, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
                                batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)

@@ -73,6 +73,11 @@ class Agent:
     def initial_state(self, batch_size: int) -> State:
         return self.network.initial_state(batch_size)
 
+    def to(self, device: torch.device) -> Agent:
+        """Moves the trained network to the training device."""
+        self.network.to(device)
+        return self
+
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
         logits, _, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
                                        batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
