@@ -15,6 +15,7 @@ unroll (index `unroll_length` of the current one) was processed.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from seed.unroll import Unroll
@@ -25,7 +26,9 @@ State = dict[str, torch.Tensor]
 class UnrollStore:
     """Partial unrolls for `num_envs` envs, kept on the host.
 
-    Field buffers are allocated on the first `append` from the dtypes and shapes it receives.
+    Field buffers are allocated on the first `append` from the dtypes and shapes it receives. The per-step
+    writes go through NumPy views of the torch buffers: for the few rows of one inference batch, NumPy's
+    fancy indexing costs a fraction of torch's per-op overhead (this is on the learner's hot path).
     """
 
     def __init__(self, num_envs: int, unroll_length: int, burn_in: int = 0):
@@ -41,7 +44,9 @@ class UnrollStore:
         self.length = burn_in + unroll_length + 1
         self.overlap = burn_in + 1
         self.write_index = torch.full((num_envs,), self.overlap - 1, dtype=torch.int64)
+        self._write_index = self.write_index.numpy()
         self.steps: dict[str, torch.Tensor] = {}
+        self._step_views: dict[str, np.ndarray] = {}
         self.initial_state: State = {}
         self._next_initial_state: State = {}
 
@@ -49,6 +54,7 @@ class UnrollStore:
         for key, value in step.items():
             self.steps[key] = torch.zeros((self.num_envs, self.length) + value.shape[1:], dtype=value.dtype)
         self.steps["valid"] = torch.zeros((self.num_envs, self.length), dtype=torch.bool)
+        self._step_views = {key: buffer.numpy() for key, buffer in self.steps.items()}
         for key, value in state_before.items():
             self.initial_state[key] = torch.zeros((self.num_envs,) + value.shape[1:], dtype=value.dtype)
             self._next_initial_state[key] = torch.zeros_like(self.initial_state[key])
@@ -69,23 +75,24 @@ class UnrollStore:
           step: field -> [B, ...] values of this step (any device; moved to the host).
           state_before: key -> [B, ...] agent state fed into this step.
         """
-        env_ids = env_ids.cpu()
+        ids = env_ids.cpu().numpy()
         step = {k: v.cpu() for k, v in step.items()}
         if not self.steps:
             self._allocate(step, state_before)
-        index = self.write_index[env_ids]
+        index = self._write_index[ids]
         snapshot = index == self.unroll_length
         if snapshot.any():
-            rows = env_ids[snapshot]
-            positions = snapshot.nonzero().squeeze(1)
+            rows = torch.from_numpy(ids[snapshot])
+            positions = torch.from_numpy(np.flatnonzero(snapshot))
             for key, value in state_before.items():
                 self._next_initial_state[key][rows] = value.index_select(0, positions.to(value.device)).cpu()
+        views = self._step_views
         for key, value in step.items():
-            self.steps[key][env_ids, index] = value
-        self.steps["valid"][env_ids, index] = True
-        self.write_index[env_ids] = index + 1
-        full = env_ids[index + 1 == self.length]
-        return self._emit(full) if len(full) else []
+            views[key][ids, index] = value.numpy()
+        views["valid"][ids, index] = True
+        self._write_index[ids] = index + 1
+        full = ids[index + 1 == self.length]
+        return self._emit(torch.from_numpy(full)) if len(full) else []
 
     def _emit(self, env_ids: torch.Tensor) -> list[Unroll]:
         steps = {k: v[env_ids] for k, v in self.steps.items()}  # advanced indexing copies
