@@ -41,8 +41,8 @@ def default_config(env_family: str) -> dict[str, Any]:
         return dict(ATARI_TABLE_8)
     if env_family in ("gym", "fake"):
         return dict(network="mlp", mlp_sizes="64", use_lstm=True, lstm_size=64, unroll_length=20, burn_in=5,
-                    batch_size=32, learning_rate=5e-4, adam_epsilon=1e-3, discounting=0.99, n_steps=3,
-                    replay_capacity=4000, replay_min_size=100, replay_ratio=2.0, target_update_interval=200,
+                    batch_size=32, learning_rate=1e-3, adam_epsilon=1e-3, discounting=0.99, n_steps=3,
+                    replay_capacity=4000, replay_min_size=100, replay_ratio=4.0, target_update_interval=100,
                     grad_clip_norm=40.0, total_environment_frames=1e6, log_interval_s=5.0)
     if env_family == "football":
         return dict(network="football", use_lstm=True, lstm_size=256, unroll_length=32, burn_in=8,
