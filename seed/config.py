@@ -108,6 +108,8 @@ class LearnerConfig(EnvOptions):
     num_eval_envs: int = _field(0, "The last N env ids only evaluate (R2D2: eps = eval_epsilon, not replayed).")
     eval_epsilon: float = _field(1e-3, "R2D2: epsilon of eval envs.")
     checkpoint_replay: bool = _field(False, "R2D2: save the replay with each checkpoint (can be many GB).")
+    atari_scores_file: str = _field("", "CSV game,human,random adding reference scores for human-normalised "
+                                        "Atari scores (the shipped table lacks random scores for some games).")
     # Misc.
     print_config: bool = _field(False, "Print the resolved configuration as JSON and exit.")
 

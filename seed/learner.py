@@ -117,6 +117,7 @@ class Learner:
                                         self.inference.run_batch)
         # Football's shaped rewards differ from its score (goals): show both.
         self.writer = MetricsWriter(config.logdir, show_raw_return=self.spec.name.startswith("football:"))
+        self.reference_scores = self._atari_reference_scores()
         self.server: grpc.Server | None = None
         self.bound_addresses: list[str] = []
 
@@ -130,6 +131,18 @@ class Learner:
                                    config.batch_size, seed=config.seed, stop=self.stop_event)
         return ReplayExperience(replay, self.agent.initial_priorities, self.is_eval_env, self.training_device,
                                 config.checkpoint_replay)
+
+    def _atari_reference_scores(self) -> tuple[float, float] | None:
+        """(human, random) scores of the Atari game, for human-normalised scores in the metrics."""
+        if not self.spec.name.startswith("atari:"):
+            return None
+        from seed.envs.atari_scores import reference_scores
+
+        try:
+            return reference_scores(self.spec.name, self.config.atari_scores_file or None)
+        except (ValueError, KeyError) as error:
+            print(f"[learner] no human-normalised scores: {error}", flush=True)
+            return None
 
     def is_eval_env(self, env_ids: torch.Tensor) -> torch.Tensor:
         """The last `num_eval_envs` env ids only evaluate."""
@@ -224,7 +237,13 @@ class Learner:
     def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:
         """Extra values for the metrics row (agents with replay add theirs through `agent.metrics()`)."""
         extra = {"window_s": window_s, **self.experience.stats()}
-        return self.metrics.snapshot(elapsed_s, extra)
+        row = self.metrics.snapshot(elapsed_s, extra)
+        if self.reference_scores is not None:
+            human, random = self.reference_scores
+            for key in ("episode_return_mean", "eval_episode_return_mean"):
+                if row[key] is not None:
+                    row[key.replace("return_mean", "human_normalized")] = (row[key] - random) / (human - random)
+        return row
 
 
 class _PeriodicLogger:

@@ -82,3 +82,20 @@ def test_bad_extra_files(tmp_path):
     equal.write_text("game,human,random\nPong,3,3\n")
     with pytest.raises(ValueError, match="human score equals random score"):
         atari_scores.human_normalized_score("Pong", 1.0, extra_scores_path=equal)
+
+
+def test_learner_logs_human_normalised_returns(tmp_path):
+    import numpy as np
+
+    from seed.learner import Learner
+    from seed.learner_main import resolve_config
+
+    config = resolve_config(dict(env="atari:Pong", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",
+                                 num_actors=1, num_eval_envs=1))
+    learner = Learner(config)
+    learner.metrics.record_episodes(np.array([-20.0, -10.0]), np.array([800, 900]))
+    learner.metrics.record_eval_episodes(np.array([14.6]), np.array([900]))
+    row = learner.log_row(1.0, 1.0)
+    human, random = 14.6, -20.7  # Pong in the shared reference table
+    assert row["episode_human_normalized"] == pytest.approx((-15.0 - random) / (human - random))
+    assert row["eval_episode_human_normalized"] == pytest.approx(1.0)

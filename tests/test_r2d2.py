@@ -114,3 +114,22 @@ def test_agent_rejects_burn_in_longer_than_unroll(tmp_path):
 
     with pytest.raises(ValueError, match="burn_in: got 10"):
         Agent(make_spec("fake:vector"), config)
+
+
+def test_checkpoint_keeps_target_network_and_optionally_the_replay(tmp_path):
+    learner = Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
+    learner.registry.update({0: 1, 1: 1})
+    for g in range(20):
+        learner.inference.run_batch([_request(0, g), _request(1, g)])
+    assert learner.train_step()
+    learner.checkpoint()
+    saved_size = learner.experience.replay.size
+    target = {k: v.clone() for k, v in learner.agent.target_network.state_dict().items()}
+
+    resumed = Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
+    assert resumed.metrics.train_steps == 1
+    assert resumed.experience.replay.size == saved_size > 0
+    assert all(torch.equal(v, target[k]) for k, v in resumed.agent.target_network.state_dict().items())
+
+    without = Learner(_config(tmp_path, checkpoint_replay=False, replay_ratio=1.0))
+    assert without.experience.replay.size == 0  # the replay refills after a restart
