@@ -30,6 +30,7 @@ import json
 import os
 import platform
 import socket
+import subprocess
 import sys
 import tempfile
 from typing import Any
@@ -221,6 +222,18 @@ def _versions() -> dict[str, str]:
             "numpy": np.__version__}
 
 
+def _git_commit() -> str | None:
+    """The checkout's commit, with "+dirty" when tracked files differ from it; None outside a git checkout."""
+    try:
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO_ROOT, capture_output=True, text=True,
+                                timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO_ROOT,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (commit + ("+dirty" if dirty else "")) or None
+
+
 def _cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
@@ -272,7 +285,7 @@ def describe(setup: BenchSetup) -> dict[str, Any]:
         "cpu_cores": os.cpu_count(), "cpu_model": _cpu_model(), "transport": setup.transport,
         "actor_torch_threads": setup.actor_torch_threads, "learner_flags": setup.learner_flags,
         "learner_switch_interval_ms": setup.switch_interval_ms or None,
-        **_versions(), "platform": platform.platform(),
+        **_versions(), "platform": platform.platform(), "git_commit": _git_commit(),
     }
 
 
@@ -351,8 +364,9 @@ def summary_markdown(result: dict[str, Any]) -> str:
              f"envs, network {c['network']}, {c['cpu_cores']} CPU cores{devices}",
              "",
              "| run | env frames/s (actors) | range over repeats | env frames/s (learner) | train steps/s | "
-             "inference batch | round trip p50 / p99 (ms) | CPU cores used (learner + actors) | other load (cores) |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "inference batch | round trip p50 / p99 (ms) | CPU cores used (learner + actors) | other load (cores) | "
+             "CPU pressure |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     runs = [("framework", result["framework"])] + [(k, v) for k, v in result["baselines"].items() if v]
     for kind, m in runs:
         cores = m["cpu_cores_used"]
@@ -363,7 +377,7 @@ def summary_markdown(result: dict[str, Any]) -> str:
             f"{_fmt(m['train_steps_per_sec'], '.1f')} | {_fmt(m['inference_batch_size_mean'], '.1f')} | "
             f"{_fmt(m['round_trip_latency_ms_p50'], '.2f')} / {_fmt(m['round_trip_latency_ms_p99'], '.2f')} | "
             f"{_fmt(cores['learner'], '.2f')} + {_fmt(cores['actors'], '.2f')} | "
-            f"{_fmt(m['other_processes_cores'], '.2f')} |")
+            f"{_fmt(m['other_processes_cores'], '.2f')} | {_fmt(m.get('cpu_pressure_pct'), '.0f')}% |")
     ratios = result["ratios"]
     if ratios["framework_over_transport"] is not None:
         lines.append(f"\nframework / transport ceiling: {ratios['framework_over_transport']:.2f}")
@@ -393,8 +407,8 @@ def sweep_setups(setup: BenchSetup, sweep: str, values: list[int]) -> list[tuple
 
 def sweep_table(sweep: str, points: list[dict[str, Any]]) -> str:
     lines = [f"| {sweep} | envs | env frames/s (actors) | env frames/s (learner) | train steps/s | "
-             "round trip p50 (ms) | transport ceiling | actor-side |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "round trip p50 (ms) | transport ceiling | actor-side | other load (cores) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for point in points:
         r = point["result"]
         base = r["baselines"]
@@ -403,7 +417,8 @@ def sweep_table(sweep: str, points: list[dict[str, Any]]) -> str:
             f"{_fmt(r['env_frames_per_sec_learner'])} | {_fmt(r['train_steps_per_sec'], '.1f')} | "
             f"{_fmt(r['round_trip_latency_ms_p50'], '.2f')} | "
             f"{_fmt(base['transport'] and base['transport']['env_frames_per_sec'])} | "
-            f"{_fmt(base['actor_side'] and base['actor_side']['env_frames_per_sec'])} |")
+            f"{_fmt(base['actor_side'] and base['actor_side']['env_frames_per_sec'])} | "
+            f"{_fmt(r['framework'].get('other_processes_cores'), '.2f')} |")
     return "\n".join(lines)
 
 
@@ -425,7 +440,9 @@ def sweep_plot(sweep: str, points: list[dict[str, Any]], title: str, path: str) 
             ax.plot(values, [np.nan if y is None else y for y in ys], marker="o", label=label)
     ax.set_xlabel(sweep)
     ax.set_ylabel("env frames / s")
-    ax.set_xticks(values)
+    if min(values) > 0 and max(values) >= 8 * min(values):  # powers of two read best on a log axis
+        ax.set_xscale("log", base=2)
+    ax.set_xticks(values, [str(v) for v in values])
     ax.set_title(title, fontsize=9)
     ax.grid(True, alpha=0.3)
     ax.set_ylim(bottom=0)
@@ -494,8 +511,10 @@ def main(argv: list[str]) -> None:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
         if FLAGS.list:
-            for name, entry in load_bench_configs(FLAGS.bench_configs).items():
-                print(f"{name:16s} {entry.get('description', '')}")
+            configs = load_bench_configs(FLAGS.bench_configs)
+            width = max(map(len, configs), default=0)
+            for name, entry in configs.items():
+                print(f"{name:{width}s}  {entry.get('description', '')}")
             return
         if not FLAGS.config:
             raise BenchError("--config: required (see --list)")

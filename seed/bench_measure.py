@@ -58,6 +58,17 @@ def machine_busy_seconds() -> float | None:
     return (sum(values[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_pressure_seconds() -> float | None:
+    """Seconds during which some runnable task waited for a CPU since boot (Linux PSI, /proc/pressure/cpu)."""
+    try:
+        with open("/proc/pressure/cpu") as f:
+            some = f.readline().split()
+    except OSError:
+        return None
+    values = dict(item.split("=") for item in some[1:])
+    return int(values["total"]) / 1e6 if "total" in values else None
+
+
 class GpuSampler:
     """Samples `nvidia-smi` once a second on a thread; `summary()` is None where there is no nvidia-smi."""
 
@@ -341,7 +352,8 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
             rows = read_jsonl(job.metrics_path) if job.metrics_path else []
             return {"time": time.time(), "learner_cpu": process_cpu_times(server.pid),
                     "actor_cpu": [process_cpu_times(a.pid) for a in actors],
-                    "machine_busy": machine_busy_seconds(), "learner_row": rows[-1] if rows else None}
+                    "machine_busy": machine_busy_seconds(), "cpu_pressure": cpu_pressure_seconds(),
+                    "learner_row": rows[-1] if rows else None}
 
         while True:
             now = time.time()
@@ -422,6 +434,9 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
                                 else actors_system / actors_cpu},
         "machine_busy_cores": None if busy is None else busy / seconds,
         "other_processes_cores": None if busy is None else max(0.0, (busy - ours) / seconds),
+        # Share of the window in which some runnable task waited for a CPU: near 100% means oversubscribed.
+        "cpu_pressure_pct": None if warm["cpu_pressure"] is None or last["cpu_pressure"] is None
+        else 100.0 * (last["cpu_pressure"] - warm["cpu_pressure"]) / seconds,
         "load_average": {"before": [round(x, 2) for x in load_before], "after": [round(x, 2) for x in load_after]},
         "gpu": gpu.summary(),
         "measured_s": seconds,

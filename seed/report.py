@@ -107,8 +107,7 @@ def _rows_of_result(result: dict[str, Any], cpus_override: float | None,
                 result["env_frames_per_sec"], dict(accelerators))]
     for kind, measured in (result.get("baselines") or {}).items():
         if measured:
-            # Baselines run on the same machine; actor-side and the ceiling use no accelerator on the learner
-            # for inference, but the paper prices the machine, so the same devices are charged.
+            # A baseline ran on the same machine with the same devices, so it is charged the same.
             rows.append(Row(f"{result['name']}/{kind}", kind, c["num_actors"], cpus, c["num_envs"],
                             measured["env_frames_per_sec"], dict(accelerators)))
     return rows
