@@ -24,11 +24,13 @@ and also write a Markdown table (<out>.md) and a plot of FPS against the value (
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import datetime
 import json
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
@@ -133,7 +135,9 @@ def _short_socket_dir(run_dir: str) -> str:
     # unix socket paths are limited to ~107 bytes; deep run dirs get a short private directory instead.
     if len(os.path.abspath(run_dir)) < 80:
         return os.path.abspath(run_dir)
-    return tempfile.mkdtemp(prefix="seed-bench-")
+    path = tempfile.mkdtemp(prefix="seed-bench-")
+    atexit.register(shutil.rmtree, path, ignore_errors=True)
+    return path
 
 
 def _addresses(setup: BenchSetup, run_dir: str, name: str) -> tuple[str, str]:
