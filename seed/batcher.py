@@ -3,7 +3,8 @@
 Requests from all actor streams queue here. A single thread takes them in arrival order and runs one
 inference when `batch_size` env rows are waiting, or `timeout_s` after the oldest waiting request arrived,
 whichever comes first; so a run with fewer live envs than the batch size never hangs. Requests are never
-split: a batch may exceed `batch_size` by less than one request.
+split: a batch may exceed `batch_size` by less than one request. A request that fills a batch on its own
+while nothing else waits runs on the submitting thread: no hand-off to the batcher thread and back.
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class InferenceBatcher:
         self._queue: queue.SimpleQueue[StepRequest] = queue.SimpleQueue()
         self._stop = threading.Event()
         self._submit_lock = threading.Lock()
+        self._run_lock = threading.Lock()  # run_batch is never run by two threads at once
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
 
     def start(self) -> None:
@@ -84,8 +86,12 @@ class InferenceBatcher:
         with self._submit_lock:
             if self._stop.is_set():
                 request.future.set_exception(StaleRequest("learner is shutting down"))
-            else:
+                return request.future
+            inline = request.num_envs >= self.batch_size and self._queue.empty()
+            if not inline:
                 self._queue.put(request)
+                return request.future
+        self._run([request])
         return request.future
 
     def _next_batch(self) -> list[StepRequest] | None:
@@ -106,11 +112,8 @@ class InferenceBatcher:
             rows += request.num_envs
         return batch
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            batch = self._next_batch()
-            if not batch:
-                continue
+    def _run(self, batch: list[StepRequest]) -> None:
+        with self._run_lock:
             try:
                 self._run_batch(batch)
             except Exception as error:  # one bad batch must not stop inference for everyone
@@ -118,3 +121,9 @@ class InferenceBatcher:
                 for request in batch:
                     if not request.future.done():
                         request.future.set_exception(error)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            batch = self._next_batch()
+            if batch:
+                self._run(batch)

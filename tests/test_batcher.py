@@ -158,3 +158,20 @@ def test_batcher_and_inference_threads_together():
         assert len(unrolls) > 0
     finally:
         batcher.stop()
+
+
+def test_request_that_fills_a_batch_alone_runs_on_the_submitting_thread(recorder):
+    threads = []
+
+    def run_batch(requests):
+        threads.append(threading.current_thread())
+        recorder(requests)
+
+    batcher = InferenceBatcher(4, 30.0, run_batch)
+    batcher.start()
+    try:
+        batcher.submit(_request(0, k=4)).result(timeout=5)
+        assert threads == [threading.current_thread()]
+        assert recorder.batches == [[0]]
+    finally:
+        batcher.stop()

@@ -16,7 +16,7 @@ from tests.conftest import REPO, read_metrics
 pytestmark = pytest.mark.slow
 
 
-def _train_until(tmp_path, args, target, timeout_s):
+def _train_until(tmp_path, args, target, timeout_s, metric="episode_return_mean"):
     logdir = str(tmp_path / "run")
     log_path = tmp_path / "local.log"
     with open(log_path, "wb") as log:
@@ -26,7 +26,7 @@ def _train_until(tmp_path, args, target, timeout_s):
     best, start = None, time.monotonic()
     try:
         while time.monotonic() - start < timeout_s and launcher.poll() is None:
-            returns = [r["episode_return_mean"] for r in read_metrics(logdir) if r["episode_return_mean"] is not None]
+            returns = [r[metric] for r in read_metrics(logdir) if r.get(metric) is not None]
             best = max(returns) if returns else None
             if best is not None and best >= target:
                 break
@@ -35,7 +35,7 @@ def _train_until(tmp_path, args, target, timeout_s):
         launcher.send_signal(signal.SIGTERM)
         code = launcher.wait(timeout=60)
     output = log_path.read_text(errors="replace")
-    assert best is not None and best >= target, f"best mean return {best} < {target}\n{output[-3000:]}"
+    assert best is not None and best >= target, f"best {metric} {best} < {target}\n{output[-3000:]}"
     assert code == 0, output[-3000:]
     return time.monotonic() - start
 
@@ -46,5 +46,8 @@ def test_vtrace_learns_cartpole(tmp_path):
 
 
 def test_r2d2_learns_cartpole(tmp_path):
-    elapsed = _train_until(tmp_path, ["--agent=r2d2", "--env=gym:CartPole-v1", "--seed=1"], 400, timeout_s=900)
-    print(f"R2D2 reached a mean return of 400 in {elapsed:.0f}s")
+    # The training envs' mean return is held down by the most exploratory envs (epsilon up to 0.4 with only
+    # 6 training envs); the 2 eval envs (epsilon 1e-3) measure the learned greedy policy.
+    elapsed = _train_until(tmp_path, ["--agent=r2d2", "--env=gym:CartPole-v1", "--num_eval_envs=2"], 400,
+                           timeout_s=900, metric="eval_episode_return_mean")
+    print(f"R2D2's eval envs reached a mean return of 400 in {elapsed:.0f}s")
