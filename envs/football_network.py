@@ -1,6 +1,7 @@
 """Learner-side torso for `--env=football:*`: unpacks the bit-packed SMM and runs an IMPALA residual stack.
 
-Input: packed observations uint16 (or its bits as int16, how the learner stores it) [..., H, W] (see `seed.envs.football.pack_smm`).
+Input: packed observations uint16 [..., H, W] (see `seed.envs.football.pack_smm`), or the same bits as int16,
+which is how the learner stores them.
 Output: features float32 [..., 256].
 """
 

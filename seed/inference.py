@@ -18,10 +18,10 @@ import numpy as np
 import torch
 
 from seed.batcher import StaleRequest, StepRequest
-from seed.wire import to_torch
 from seed.state_table import StateTable
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
+from seed.wire import to_torch
 
 
 @dataclasses.dataclass
