@@ -251,7 +251,8 @@ def _cpu_model() -> str | None:
 
 def accelerators(config: LearnerConfig) -> dict[str, int]:
     """{device name: count} of the accelerators the learner uses (empty for a CPU-only run)."""
-    devices = sorted({d for d in (config.inference_device, config.training_device) if d.startswith("cuda")})
+    inference = (config.inference_devices or config.inference_device).split(",")
+    devices = sorted({d.strip() for d in (*inference, config.training_device) if d.strip().startswith("cuda")})
     if not devices:
         return {}
     names: dict[str, int] = {}
@@ -284,7 +285,7 @@ def describe(setup: BenchSetup) -> dict[str, Any]:
         "num_actors": c.num_actors, "envs_per_actor": c.envs_per_actor, "num_envs": c.num_envs,
         "action_repeat": spec.action_repeat, "inference_batch_size": c.inference_batch_size,
         "batch_timeout_ms": c.batch_timeout_ms, "batch_size": c.batch_size, "unroll_length": c.unroll_length,
-        "inference_device": c.inference_device, "training_device": c.training_device,
+        "inference_device": c.inference_devices or c.inference_device, "training_device": c.training_device,
         "devices": {"cpu_cores": os.cpu_count(), "accelerators": accelerators(c)},
         "cpu_cores": os.cpu_count(), "cpu_model": _cpu_model(), "transport": setup.transport,
         "actor_torch_threads": setup.actor_torch_threads, "learner_flags": setup.learner_flags,

@@ -64,6 +64,8 @@ class LearnerConfig(EnvOptions):
     inference_batch_size: int = _field(-1, "Env rows per inference batch; -1 = max(envs_per_actor, num_envs // 2).")
     batch_timeout_ms: float = _field(2.0, "Run a partial inference batch this long after its oldest request.")
     inference_device: str = _field("cpu", "Device for inference: cpu or cuda:N.")
+    inference_devices: str = _field("", "Comma-separated inference devices (e.g. cuda:0,cuda:1), one batcher each, "
+                                        "actors assigned round-robin; overrides --inference_device.")
     training_device: str = _field("cpu", "Device for training: cpu or cuda:N.")
     total_environment_frames: float = _field(1e9, "Stop after this many env frames (agent steps x action repeat).")
     log_interval_s: float = _field(10.0, "Seconds between progress lines / metrics.jsonl rows.")

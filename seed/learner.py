@@ -88,7 +88,8 @@ class Learner:
         torch.manual_seed(config.seed)
         self.spec = spec or make_spec(config.env, config.env_options())
         self.training_device = torch.device(config.training_device)
-        self.inference_device = torch.device(config.inference_device)
+        devices = config.inference_devices or config.inference_device
+        self.inference_devices = [torch.device(d.strip()) for d in devices.split(",") if d.strip()]
         self.stop_event = threading.Event()
 
         self.agent = agent_module(config.agent).Agent(self.spec, config)
@@ -108,13 +109,22 @@ class Learner:
         if restored:
             self.experience.restore(config.logdir)
         self.registry: dict[int, int] = {}
-        inference_network = copy.deepcopy(self.agent.network).to(self.inference_device).eval()
-        self.inference = CentralInference(
-            agent=self.agent, network=inference_network, device=self.inference_device, num_envs=config.num_envs,
-            unroll_length=config.unroll_length, burn_in=getattr(config, "burn_in", 0), registry=self.registry,
-            sink=self.experience.sink, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch)
-        self.batcher = InferenceBatcher(config.inference_batch_size, config.batch_timeout_ms / 1000.0,
-                                        self.inference.run_batch)
+        # One inference network, state table, unroll store and batcher per inference device; actor a is
+        # served by device a % n, so each env's rows live on exactly one device.
+        self.inferences = [
+            CentralInference(
+                agent=self.agent, network=copy.deepcopy(self.agent.network).to(device).eval(), device=device,
+                num_envs=config.num_envs, unroll_length=config.unroll_length, burn_in=config.burn_in,
+                registry=self.registry, sink=self.experience.sink, on_episodes=self._on_episodes,
+                on_batch=self.metrics.record_batch)
+            for device in self.inference_devices
+        ]
+        self.batchers = [
+            InferenceBatcher(config.inference_batch_size, config.batch_timeout_ms / 1000.0, inference.run_batch,
+                             name=f"inference-batcher-{i}")
+            for i, inference in enumerate(self.inferences)
+        ]
+        self.inference, self.batcher = self.inferences[0], self.batchers[0]
         # Football's shaped rewards differ from its score (goals): show both.
         self.writer = MetricsWriter(config.logdir, show_raw_return=self.spec.name.startswith("football:"))
         self.reference_scores = self._atari_reference_scores()
@@ -181,7 +191,11 @@ class Learner:
             values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(
                 self.agent.network.parameters(), self.config.grad_clip_norm))
         self.optimizer.step()
-        self.inference.publish(self.agent.network.state_dict())
+        publish_start = time.perf_counter()
+        parameters = self.agent.network.state_dict()
+        for inference in self.inferences:
+            inference.publish(parameters)
+        values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
         self.experience.after_step(batch, out.priorities)
         self.metrics.record_train_step(values)
         self.agent.after_update(self.metrics.train_steps)
@@ -191,8 +205,9 @@ class Learner:
         """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary."""
         config = self.config
         servicer = LearnerService(self.spec, config.num_actors, config.envs_per_actor, self.registry,
-                                  [self.batcher], self.metrics, self.stop_event)
-        self.batcher.start()
+                                  self.batchers, self.metrics, self.stop_event)
+        for batcher in self.batchers:
+            batcher.start()
         self.experience.start()
         self.server, health_servicer, self.bound_addresses = start_grpc_server(
             servicer, listen_addresses(config.server_address), max_workers=2 * config.num_actors + 8)
@@ -215,7 +230,8 @@ class Learner:
             for service in ("", "seed.Learner"):
                 health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
             self.server.stop(grace=1.0)
-            self.batcher.stop()
+            for batcher in self.batchers:
+                batcher.stop()
             self.checkpoint()
             logger.finish()
             self.writer.close()

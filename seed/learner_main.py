@@ -50,8 +50,9 @@ def validate(config: LearnerConfig) -> None:
     for name, ok, expected in checks:
         if not ok:
             raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
-    for name in ("inference_device", "training_device"):
-        value = getattr(config, name)
+    devices = [("inference_device", config.inference_device), ("training_device", config.training_device)]
+    devices += [("inference_devices", d.strip()) for d in config.inference_devices.split(",") if d.strip()]
+    for name, value in devices:
         if not (value == "cpu" or value.startswith("cuda")):
             raise ValueError(f"--{name}: got {value!r}, expected cpu or cuda:N")
 

@@ -58,6 +58,18 @@ def test_learner_and_two_actors_train(processes, tmp_path, transport):
     assert os.path.exists(os.path.join(logdir, "checkpoint.pt"))
 
 
+def test_two_inference_devices_share_the_actors(processes, tmp_path):
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    learner = processes.learner(_learner_args(logdir, address, inference_devices="cpu,cpu"))
+    for i in range(2):
+        processes.actor(_actor_args(address, i), f"actor{i}")
+    rows = wait_for(lambda: _trained(logdir, 10), 90, "training", on_timeout=lambda: processes.output(learner))
+    assert rows[-1]["publish_ms"] is not None  # parameters reach both inference copies after each update
+    learner.send_signal(signal.SIGTERM)
+    assert learner.wait(timeout=30) == 0
+
+
 def test_killed_actor_is_replaced_and_learner_keeps_training(processes, tmp_path):
     logdir = str(tmp_path / "run")
     address = f"unix:{tmp_path}/learner.sock"
@@ -97,3 +109,26 @@ def test_restarted_learner_resumes_from_checkpoint(processes, tmp_path):
     resumed = [r for r in rows if r["time_s"] < rows[-1]["time_s"] + 1][-1]
     assert resumed["env_frames"] > before["env_frames"]
     assert resumed["train_steps"] > before["train_steps"]
+
+
+def test_each_inference_device_serves_its_actors(tmp_path):
+    """Actor a is served by inference device a % n: its env rows live only in that device's tables."""
+    import numpy as np
+
+    from seed.batcher import StepRequest
+    from seed.learner import Learner
+    from seed.learner_main import resolve_config
+
+    config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",
+                                 num_actors=2, envs_per_actor=4, inference_devices="cpu,cpu", torch_threads=1))
+    learner = Learner(config)
+    assert len(learner.inferences) == 2 and len(learner.batchers) == 2
+    learner.registry.update({0: 1, 1: 1})
+    for actor in (0, 1):
+        inference = learner.inferences[actor % 2]
+        request = StepRequest(actor, 1, actor * 4, np.zeros((4, 8), np.float32), np.zeros(4, np.float32),
+                              np.zeros(4, bool), np.zeros(4, bool))
+        inference.run_batch([request])
+        assert request.future.result().shape == (4,)
+    assert learner.inferences[0].state_table.connected.tolist() == [True] * 4 + [False] * 4
+    assert learner.inferences[1].state_table.connected.tolist() == [False] * 4 + [True] * 4
