@@ -18,7 +18,6 @@ import dataclasses
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import threading
@@ -26,6 +25,8 @@ import time
 from typing import Any
 
 import numpy as np
+
+from seed.local_launcher import stop_all
 
 SERVER_START_TIMEOUT_S = 180.0
 ACTOR_START_TIMEOUT_S = 180.0
@@ -247,19 +248,6 @@ class _Progress:
             sys.stderr.flush()
 
 
-def _stop_processes(processes: list[subprocess.Popen], timeout_s: float) -> None:
-    for process in processes:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-    deadline = time.monotonic() + timeout_s
-    for process in processes:
-        try:
-            process.wait(timeout=max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-
-
 def start_profiler(pid: int, seconds: float, path: str) -> subprocess.Popen | None:
     """py-spy sampling `pid` (only threads holding the GIL) for `seconds` into `path`; None without py-spy."""
     if shutil.which("py-spy") is None:
@@ -389,8 +377,8 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
         if bar:
             bar.done()
         gpu.stop()
-        _stop_processes(actors, timeout_s=15)
-        _stop_processes([server], timeout_s=30)
+        stop_all(actors, timeout_s=15)
+        stop_all([server], timeout_s=30)
 
     warm, last = marks["warm"], marks["end"]
     seconds = last["time"] - warm["time"]
