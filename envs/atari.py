@@ -171,6 +171,15 @@ def _resize(frame: np.ndarray) -> np.ndarray:
     return cv2.resize(frame, OBSERVATION_SHAPE[::-1], interpolation=cv2.INTER_LINEAR)
 
 
+
+def _check_options(action_repeat: int, noop_max: int, max_frames: int) -> None:
+    if action_repeat < 1:
+        raise ValueError(f"action_repeat: got {action_repeat}, expected an integer >= 1")
+    if noop_max < 0:
+        raise ValueError(f"atari_noop_max: got {noop_max}, expected an integer >= 0")
+    if max_frames < 1:
+        raise ValueError(f"atari_max_frames: got {max_frames}, expected an integer >= 1")
+
 class AtariEnv:
     """One Atari game with the Table 9 preprocessing (see the module docstring), on `ale_py.ALEInterface`.
 
@@ -190,12 +199,7 @@ class AtariEnv:
         sticky_actions: bool = False,
         minimal_action_set: bool = False,
     ):
-        if action_repeat < 1:
-            raise ValueError(f"action_repeat: got {action_repeat}, expected an integer >= 1")
-        if noop_max < 0:
-            raise ValueError(f"atari_noop_max: got {noop_max}, expected an integer >= 0")
-        if max_frames < 1:
-            raise ValueError(f"atari_max_frames: got {max_frames}, expected an integer >= 1")
+        _check_options(action_repeat, noop_max, max_frames)
         self.spec = _spec(game, action_repeat, minimal_action_set)
         self.game = game
         self.seed = int(seed)
@@ -325,12 +329,7 @@ class AleVectorEnvBatch:
             raise ValueError(f"seeds: got {len(seeds)} seeds, expected {num_envs} (one per env)")
         if num_threads < 1:
             raise ValueError(f"atari_vector_threads: got {num_threads}, expected an integer >= 1")
-        if action_repeat < 1:
-            raise ValueError(f"action_repeat: got {action_repeat}, expected an integer >= 1")
-        if noop_max < 0:
-            raise ValueError(f"atari_noop_max: got {noop_max}, expected an integer >= 0")
-        if max_frames < 1:
-            raise ValueError(f"atari_max_frames: got {max_frames}, expected an integer >= 1")
+        _check_options(action_repeat, noop_max, max_frames)
         self.spec = _spec(game, action_repeat, minimal_action_set)
         self.num_envs = num_envs
         self.game = game
