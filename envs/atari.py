@@ -171,7 +171,6 @@ def _resize(frame: np.ndarray) -> np.ndarray:
     return cv2.resize(frame, OBSERVATION_SHAPE[::-1], interpolation=cv2.INTER_LINEAR)
 
 
-
 def _check_options(action_repeat: int, noop_max: int, max_frames: int) -> None:
     if action_repeat < 1:
         raise ValueError(f"action_repeat: got {action_repeat}, expected an integer >= 1")
