@@ -27,6 +27,16 @@ from seed.replay import PrioritizedReplay
 from seed.unroll import TrainingBatch, Unroll
 
 
+def _put_until_stopped(target: queue.Queue, item: object, stop: threading.Event) -> None:
+    """Blocking put that gives up when `stop` is set, so no thread hangs on a full queue at shutdown."""
+    while not stop.is_set():
+        try:
+            target.put(item, timeout=0.1)
+            return
+        except queue.Full:
+            continue
+
+
 class UnrollQueue:
     """Bounded FIFO of single unrolls; `put` blocks while full (until `stop`)."""
 
@@ -38,12 +48,7 @@ class UnrollQueue:
 
     def put(self, unrolls: list[Unroll]) -> None:
         for unroll in unrolls:
-            while not self._stop.is_set():
-                try:
-                    self._queue.put(unroll, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+            _put_until_stopped(self._queue, unroll, self._stop)
 
     def get(self, timeout: float) -> Unroll | None:
         try:
@@ -93,12 +98,7 @@ class Prefetcher:
                 continue
             batch = _to_device(Unroll.stack(pending), self._device)
             pending = []
-            while not self._stop.is_set():
-                try:
-                    self._batches.put(batch, timeout=0.1)
-                    break
-                except queue.Full:
-                    continue
+            _put_until_stopped(self._batches, batch, self._stop)
 
 
 def _to_device(batch: Unroll, device: torch.device) -> Unroll:

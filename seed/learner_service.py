@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
@@ -24,6 +24,25 @@ from seed.envs.base import EnvSpec
 from seed.metrics import LearnerMetrics
 
 log = logging.getLogger(__name__)
+
+
+def read_handshake(request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext,
+                   check: Callable[[seed_pb2.Handshake], str | None]) -> seed_pb2.Handshake | None:
+    """The stream's first message, which must be a handshake that `check` finds no problem with.
+
+    Aborts the stream with INVALID_ARGUMENT naming the problem; None if the actor closed the stream first.
+    """
+    try:
+        first = next(request_iterator)
+    except StopIteration:
+        return None
+    if first.WhichOneof("message") != "handshake":
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"first message: got {first.WhichOneof('message')}, expected handshake")
+    problem = check(first.handshake)
+    if problem:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"handshake rejected: {problem}")
+    return first.handshake
 
 
 class LearnerService(seed_pb2_grpc.LearnerServicer):
@@ -63,17 +82,9 @@ class LearnerService(seed_pb2_grpc.LearnerServicer):
                     raise StaleRequest("learner is shutting down") from None
 
     def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
-        try:
-            first = next(request_iterator)
-        except StopIteration:
+        handshake = read_handshake(request_iterator, context, self._check_handshake)
+        if handshake is None:
             return
-        if first.WhichOneof("message") != "handshake":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"first message: got {first.WhichOneof('message')}, expected handshake")
-        handshake = first.handshake
-        problem = self._check_handshake(handshake)
-        if problem:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"handshake rejected: {problem}")
         actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
         first_env_id = actor * num_envs
         self.registry[actor] = run_id  # from now on, requests of an older run of this actor are stale

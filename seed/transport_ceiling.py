@@ -28,6 +28,7 @@ from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.config import EnvOptions, build_config, define_flags, explicit_flags
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
+from seed.learner_service import read_handshake
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0)]
@@ -43,20 +44,15 @@ class ZeroActionService(seed_pb2_grpc.LearnerServicer):
         self._reply = seed_pb2.LearnerMessage(
             actions=seed_pb2.ActionBatch(action=wire.encode_tensor(np.zeros(envs_per_actor, np.int32))))
 
-    def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
-        try:
-            first = next(request_iterator)
-        except StopIteration:
-            return
-        if first.WhichOneof("message") != "handshake":
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                          f"first message: got {first.WhichOneof('message')}, expected handshake")
-        handshake = first.handshake
-        problem = wire.spec_mismatch(wire.spec_from_proto(handshake.spec), self.spec)
+    def _check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
         if handshake.num_envs != self.envs_per_actor:
-            problem = f"num_envs: got {handshake.num_envs}, expected {self.envs_per_actor} (--envs_per_actor)"
-        if problem:
-            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"handshake rejected: {problem}")
+            return f"num_envs: got {handshake.num_envs}, expected {self.envs_per_actor} (--envs_per_actor)"
+        return wire.spec_mismatch(wire.spec_from_proto(handshake.spec), self.spec)
+
+    def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
+        handshake = read_handshake(request_iterator, context, self._check_handshake)
+        if handshake is None:
+            return
         yield seed_pb2.LearnerMessage(handshake_reply=seed_pb2.HandshakeReply(
             first_env_id=handshake.actor_index * handshake.num_envs, learner_run="transport-ceiling"))
         reply = self._reply

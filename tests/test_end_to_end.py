@@ -76,6 +76,8 @@ def test_killed_actor_is_replaced_and_learner_keeps_training(processes, tmp_path
     learner = processes.learner(_learner_args(logdir, address))
     actors = [processes.actor(_actor_args(address, i), f"actor{i}") for i in range(2)]
     wait_for(lambda: _trained(logdir, 10), 90, "training", on_timeout=lambda: processes.output(learner))
+    # Actor 0 alone can provide the training steps: make sure actor 1 is connected before killing it.
+    wait_for(lambda: "actor 1 connected" in processes.output(learner), 60, "actor 1 to connect")
     actors[1].send_signal(signal.SIGKILL)
     actors[1].wait(timeout=10)
     steps_after_kill = read_metrics(logdir)[-1]["train_steps"]
