@@ -25,11 +25,9 @@ from seed.actor_stats import ActorStats
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch
+from seed.transport import open_channel
 
 log = logging.getLogger(__name__)
-
-CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1)]
-
 
 class ConfigurationError(RuntimeError):
     """The learner rejected this actor (e.g. a different env spec): retrying cannot help."""
@@ -114,7 +112,7 @@ class Actor:
 
     def _run_connection(self) -> None:
         run_id = random.SystemRandom().getrandbits(63)
-        with grpc.insecure_channel(self.config.server_address, options=CHANNEL_OPTIONS) as channel:
+        with open_channel(self.config.server_address) as channel:
             self._wait_for_learner(channel)
             if self.stop.is_set():
                 return

@@ -16,15 +16,13 @@ import os
 import signal
 import threading
 import time
-from concurrent import futures
 from typing import Any
 
 import grpc
 import torch
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from seed import checkpoint
-from seed._proto import seed_pb2_grpc
 from seed.agents import agent_module
 from seed.batcher import InferenceBatcher
 from seed.config import LearnerConfig
@@ -35,47 +33,9 @@ from seed.inference import CentralInference, FinishedEpisodes
 from seed.learner_service import LearnerService
 from seed.metrics import LearnerMetrics, MetricsWriter
 from seed.replay import PrioritizedReplay
+from seed.transport import listen_addresses, start_grpc_server
 
 log = logging.getLogger(__name__)
-
-GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
-                ("grpc.so_reuseport", 0)]
-
-
-def listen_addresses(server_address: str) -> list[str]:
-    addresses = [a.strip() for a in server_address.split(",") if a.strip()]
-    if not addresses:
-        raise ValueError(f"--server_address: got {server_address!r}, expected a comma-separated list of addresses")
-    return addresses
-
-
-def start_grpc_server(servicer: LearnerService, addresses: list[str], max_workers: int
-                      ) -> tuple[grpc.Server, health.HealthServicer, list[str]]:
-    """Binds every address (TCP host:port or unix:/path); returns the server and the bound addresses."""
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
-                         options=GRPC_OPTIONS)
-    seed_pb2_grpc.add_LearnerServicer_to_server(servicer, server)
-    health_servicer = health.HealthServicer()
-    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
-    bound = []
-    for address in addresses:
-        if address.startswith("unix:"):
-            path = address[len("unix:"):]
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            if os.path.exists(path):  # a stale socket from a previous learner on this logdir
-                os.unlink(path)
-        try:
-            port = server.add_insecure_port(address)
-        except RuntimeError as error:
-            raise RuntimeError(f"--server_address: cannot listen on {address!r}: {error}") from None
-        if port == 0 and not address.startswith("unix:"):
-            raise RuntimeError(f"--server_address: cannot listen on {address!r}")
-        bound.append(address if address.startswith("unix:") else f"{address.rsplit(':', 1)[0]}:{port}")
-    server.start()
-    for service in ("", "seed.Learner"):
-        health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
-    return server, health_servicer, bound
-
 
 class Learner:
     """Builds every part from a resolved LearnerConfig; `run()` trains until done or stopped."""
