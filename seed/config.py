@@ -67,6 +67,8 @@ class LearnerConfig(EnvOptions):
     inference_devices: str = _field("", "Comma-separated inference devices (e.g. cuda:0,cuda:1), one batcher each, "
                                         "actors assigned round-robin; overrides --inference_device.")
     training_device: str = _field("cpu", "Device for training: cpu or cuda:N.")
+    cuda_graphs: bool = _field(True, "Replay the inference step as CUDA graphs on GPU inference devices "
+                                     "(one graph per padded batch size).")
     total_environment_frames: float = _field(1e9, "Stop after this many env frames (agent steps x action repeat).")
     log_interval_s: float = _field(10.0, "Seconds between progress lines / metrics.jsonl rows.")
     checkpoint_interval_s: float = _field(600.0, "Seconds between checkpoints (one is always written on exit).")

@@ -37,6 +37,34 @@ def _put_until_stopped(target: queue.Queue, item: object, stop: threading.Event)
             continue
 
 
+class SinkThread:
+    """Hands completed unrolls to `sink` on its own thread, so the inference thread only enqueues them.
+
+    The hand-off queue holds `depth` batches of unrolls; when the sink blocks (FIFO full, replay ahead of its
+    ratio) the queue fills and `put` blocks the inference thread: back-pressure still reaches the actors.
+    """
+
+    def __init__(self, sink: Callable[[list[Unroll]], None], stop: threading.Event, depth: int = 4):
+        self._sink = sink
+        self._stop = stop
+        self._queue: queue.Queue[list[Unroll]] = queue.Queue(maxsize=depth)
+        self._thread = threading.Thread(target=self._loop, name="experience-sink", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def put(self, unrolls: list[Unroll]) -> None:
+        _put_until_stopped(self._queue, unrolls, self._stop)
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                unrolls = self._queue.get(timeout=0.1)
+            except queue.Empty:
+                continue
+            self._sink(unrolls)
+
+
 class UnrollQueue:
     """Bounded FIFO of single unrolls; `put` blocks while full (until `stop`)."""
 

@@ -1,15 +1,16 @@
-"""Central inference for one device: state tables in, actions out, steps into the unroll store.
+"""Central inference for one device: slab rows in, actions out, steps into the unroll store.
 
-`CentralInference.run_batch` is the learner's hot path. Per batch it does a fixed number of vectorised
-tensor ops, whatever the number of envs: drop stale requests, concatenate the actors' rows, reset envs of
-new actor runs, gather their state, run the agent's `act` under `torch.inference_mode`, scatter the new
-state, append the step to the unroll store and answer each request with its slice of actions.
+`CentralInference.run_batch(actors, seqs)` is the learner's hot path. Per batch it does a fixed number of
+vectorised operations, whatever the number of actors or envs: drop outdated and stale requests, reset the
+rows of new actor runs, gather the ready rows of the step slab into a (pinned) staging buffer, copy them to
+the device once, run the policy (the agent's `act` between a state gather and scatter; replayed as a CUDA
+graph on GPUs), copy actions and outputs back once, answer the actors, and only then append the step to the
+unroll store and hand completed unrolls to the experience thread.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -17,7 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from seed.batcher import StaleRequest, StepRequest
+from seed.parameters import ParameterPublisher
+from seed.policy import EagerPolicy, GraphedPolicy, PolicyInputs
+from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
 from seed.state_table import StateTable
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
@@ -29,7 +32,7 @@ class InferenceBatch:
     """The agent's `act` input: B env rows on the inference device.
 
     Attributes:
-      env_ids: int64 [B].
+      env_ids: int64 [B] (padded rows of a fixed-size batch carry the state table's scratch row id).
       observation: [B, *observation_shape], single frames as the actors sent them.
       reward: float32 [B], reward received on arriving at this step.
       done: bool [B], this step starts a new episode (reset the recurrent state and frame stack first).
@@ -62,107 +65,143 @@ class FinishedEpisodes:
 
 
 class CentralInference:
-    """Owns the state table and unroll store of one inference device.
+    """Owns the state table, unroll store and inference network of one device.
 
     Args:
       agent: has `act(network, batch: InferenceBatch, state) -> ActOutput` and `initial_state(n)`.
       network: the inference copy of the agent's network on `device`.
-      num_envs: rows in the state table (num_actors x envs_per_actor).
-      registry: actor_index -> run_id of the actor's live run (written at handshake).
+      slab: the step slab the serving process writes (num_actors x envs_per_actor rows).
+      reply: actors int64 [n] -> None; tells the serving process their slots hold a reply.
       sink: receives completed unrolls; may block (queue back-pressure).
       on_episodes: receives the episodes finished in each batch.
+      on_batch: (rows, learner-side latencies in seconds) of each batch.
+      cuda_graphs: replay the policy as CUDA graphs (GPU only).
     """
 
-    def __init__(self, agent: Any, network: torch.nn.Module, device: torch.device, num_envs: int,
-                 unroll_length: int, burn_in: int, registry: dict[int, int],
+    def __init__(self, agent: Any, network: torch.nn.Module, device: torch.device, slab: StepSlab,
+                 unroll_length: int, burn_in: int, reply: Callable[[np.ndarray], None],
                  sink: Callable[[list[Unroll]], None], on_episodes: Callable[[FinishedEpisodes], None],
-                 on_batch: Callable[[int, list[float]], None]):
+                 on_batch: Callable[[int, list[float]], None], cuda_graphs: bool = False):
         self.agent = agent
         self.network = network
         self.device = device
-        self.registry = registry
+        self.slab = slab
+        self.k = slab.envs_per_actor
+        num_envs = slab.layout.num_envs
         self.state_table = StateTable(agent.initial_state, num_envs, device)
         self.unroll_store = UnrollStore(num_envs, unroll_length, burn_in)
+        self.reply = reply
         self.sink = sink
         self.on_episodes = on_episodes
         self.on_batch = on_batch
-        self.parameter_lock = threading.Lock()
+        self.actor_run = np.zeros(slab.layout.num_actors, np.int64)  # run whose rows the tables hold; 0 = none
+        self.prev_action = np.zeros(num_envs, np.int64)
+        self.parameters = ParameterPublisher(network, device)
+        self.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        # The slab's observations as a tensor (unsigned types reinterpreted) and a staging buffer the ready
+        # rows are gathered into: pinned on GPUs, so the copy to the device is one asynchronous DMA.
+        self._observations = to_torch(slab.observation)
+        pin = device.type == "cuda"
+        self._staging = torch.empty_like(self._observations, pin_memory=pin)
+        self._inputs_host = {name: torch.zeros(num_envs, dtype=dtype, pin_memory=pin)
+                             for name, dtype in (("env_ids", torch.int64), ("prev_action", torch.int64),
+                                                 ("reward", torch.float32), ("done", torch.bool))}
+        policy_args = (agent, network, self.state_table, device)
+        self.policy = GraphedPolicy(*policy_args, self.k) if cuda_graphs and pin else EagerPolicy(*policy_args)
 
     def publish(self, parameters: dict[str, torch.Tensor]) -> None:
-        """Copies new parameters (a state dict on any device) into the inference network."""
-        with self.parameter_lock, torch.no_grad():
-            for name, value in self.network.state_dict().items():
-                value.copy_(parameters[name], non_blocking=True)
+        """Hands new parameters (a state dict on any device) to this device's network, without stalling it."""
+        self.parameters.publish(parameters)
 
-    def _live(self, requests: list[StepRequest]) -> list[StepRequest]:
-        """Drops requests of replaced actor runs (restart while the batch was filling) and duplicates."""
-        live, seen = [], set()
-        for request in reversed(requests):  # newest first: a restarted actor's new request wins
-            if self.registry.get(request.actor_index) != request.run_id or request.actor_index in seen:
-                request.future.set_exception(StaleRequest(f"actor {request.actor_index} run {request.run_id} replaced"))
-                continue
-            seen.add(request.actor_index)
-            live.append(request)
-        return live[::-1]
+    def run_batch(self, actors: np.ndarray, seqs: np.ndarray) -> None:
+        """Serves the requests (actor slot, sequence number) that the batcher grouped; replies to each."""
+        if self.stream is not None:
+            with torch.cuda.stream(self.stream):
+                self._run_batch(actors, seqs)
+        else:
+            self._run_batch(actors, seqs)
 
-    def run_batch(self, requests: list[StepRequest]) -> None:
-        requests = self._live(requests)
-        if not requests:
+    def _requests(self, actors: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """The live requests' actor indices; answers stale ones (their actor run was replaced)."""
+        slab = self.slab
+        current = seqs == slab.request_seq[actors]  # else the notification outlived its request
+        actors, seqs = actors[current], seqs[current]
+        # One request per slot (the newest), in arrival order.
+        _, last = np.unique(actors[::-1], return_index=True)
+        keep = np.sort(len(actors) - 1 - last)
+        actors, seqs = actors[keep], seqs[keep]
+        stale = slab.live_run[actors] != slab.request_run[actors]
+        if stale.any():
+            self._answer(actors[stale], seqs[stale], REPLY_STALE)
+        return actors[~stale], seqs[~stale]
+
+    def _answer(self, actors: np.ndarray, seqs: np.ndarray, status: int) -> None:
+        self.slab.reply_status[actors] = status
+        self.slab.reply_seq[actors] = seqs
+        self.reply(actors)
+
+    def _run_batch(self, actors: np.ndarray, seqs: np.ndarray) -> None:
+        actors, seqs = self._requests(actors, seqs)
+        if not len(actors):
             return
-        table = self.state_table
-        first_contact = []
-        for request in requests:
-            is_new = not table.is_current(request.first_env_id, request.run_id)
-            if is_new:  # first contact of these env ids, or their actor restarted: fresh rows
-                new_ids = torch.arange(request.first_env_id, request.first_env_id + request.num_envs)
-                table.reset(new_ids, request.run_id)
-                self.unroll_store.reset(new_ids)
-            first_contact.append(np.full(request.num_envs, is_new))
-        first = np.concatenate(first_contact)
-        env_ids = np.concatenate([np.arange(r.first_env_id, r.first_env_id + r.num_envs) for r in requests])
-        reward = np.concatenate([r.reward for r in requests])
+        try:
+            completed = self._serve(actors, seqs)
+        except Exception:
+            answered = self.slab.reply_seq[actors] == seqs
+            self._answer(actors[~answered], seqs[~answered], REPLY_FAILED)
+            raise
+        if completed:
+            self.sink(completed)  # may block: back-pressure from the training side
+
+    def _serve(self, actors: np.ndarray, seqs: np.ndarray) -> list[Unroll]:
+        slab, table, k = self.slab, self.state_table, self.k
+        runs = slab.request_run[actors]
+        arrivals = slab.arrival_s[actors]
+        env_ids = (actors[:, None] * k + np.arange(k)).reshape(-1)
+        is_new = self.actor_run[actors] != runs
+        if is_new.any():  # first contact of these env ids, or their actor restarted: fresh rows
+            new_ids = (actors[is_new][:, None] * k + np.arange(k)).reshape(-1)
+            table.reset(new_ids)
+            self.unroll_store.reset(torch.from_numpy(new_ids))
+            self.prev_action[new_ids] = 0
+            self.actor_run[actors[is_new]] = runs[is_new]
+        first = np.repeat(is_new, k)
+        reward = slab.reward[env_ids]
         reward[first] = 0.0
-        done = np.concatenate([r.done for r in requests]) | first
-        truncated = np.concatenate([r.truncated for r in requests]) & ~first
-        observation = np.concatenate([r.observation for r in requests])
+        done = slab.done[env_ids] | first
+        truncated = slab.truncated[env_ids] & ~first
+        prev_action = self.prev_action[env_ids]
         self._count_episodes(env_ids, reward, done & ~first)
 
-        device = self.device
-        env_ids_t = torch.from_numpy(env_ids)
-        batch = InferenceBatch(
-            env_ids=env_ids_t.to(device),
-            observation=to_torch(observation).to(device),
-            reward=torch.from_numpy(reward).to(device),
-            done=torch.from_numpy(done).to(device),
-            prev_action=table.prev_action.index_select(0, env_ids_t.to(device)),
-        )
-        state = table.gather(batch.env_ids)
-        with self.parameter_lock, torch.inference_mode():
-            out = self.agent.act(self.network, batch, state)
-        table.scatter(batch.env_ids, out.state)
-        table.prev_action.index_copy_(0, batch.env_ids, out.action)
-        action_host = out.action.cpu()
+        b = len(env_ids)
+        host = self._inputs_host
+        for name, values in (("env_ids", env_ids), ("prev_action", prev_action), ("reward", reward),
+                             ("done", done)):
+            host[name].numpy()[:b] = values
+        observation = torch.index_select(self._observations, 0, host["env_ids"][:b], out=self._staging[:b])
+        self.parameters.refresh()
+        inputs = PolicyInputs(observation, host["env_ids"][:b], host["prev_action"][:b], host["reward"][:b],
+                              host["done"][:b])
+        action, outputs, state_before = self.policy(inputs)  # host action [B]; host outputs; device state
+
+        # Answer first: everything below is bookkeeping the actors need not wait for.
+        actions = action.numpy()
+        slab.action[env_ids] = actions
+        self.prev_action[env_ids] = actions
+        self._answer(actors, seqs, REPLY_OK)
+        now = time.monotonic()
+        self.on_batch(b, (now - arrivals).tolist())
 
         step = {
-            "observation": to_torch(observation),
+            "observation": observation,
             "reward": torch.from_numpy(reward),
             "done": torch.from_numpy(done),
             "truncated": torch.from_numpy(truncated),
-            "prev_action": batch.prev_action,
-            "action": action_host,
-            **out.outputs,
+            "prev_action": torch.from_numpy(prev_action),
+            "action": action,
+            **outputs,
         }
-        completed = self.unroll_store.append(env_ids_t, step, state)
-
-        actions = action_host.numpy()
-        now = time.monotonic()
-        offset = 0
-        for request in requests:
-            request.future.set_result(actions[offset:offset + request.num_envs])
-            offset += request.num_envs
-        self.on_batch(len(env_ids), [now - r.arrival_time for r in requests])
-        if completed:
-            self.sink(completed)  # may block: back-pressure from the training side
+        return self.unroll_store.append(torch.from_numpy(env_ids), step, state_before)
 
     def _count_episodes(self, env_ids: np.ndarray, reward: np.ndarray, ended: np.ndarray) -> None:
         table = self.state_table

@@ -1,10 +1,14 @@
-"""The learner process: gRPC service, central inference, experience pipeline and the training loop.
+"""The learner: a serving process for gRPC, and in this process inference, experience and training.
 
-Threads (one process):
-  gRPC server threads   one per actor stream: decode, submit to the batcher, wait, reply.
-  inference batcher     one per inference device: runs CentralInference.run_batch on grouped requests.
+Processes and threads:
+  serving process       gRPC server threads, one per actor stream: decode, validate, write the step into the
+                        shared step slab, notify inference, wait for the reply in the slab (seed/serving/).
+  inference-N threads   one per inference device: group notifications into batches, run
+                        CentralInference.run_batch (slab rows -> device -> policy -> actions -> replies).
+  experience-sink       completed unrolls into the FIFO queue or the replay (may block: back-pressure).
   prefetcher            stacks unrolls into time-major batches and moves them to the training device.
-  main thread           training loop: loss, optimizer step, publish parameters, metrics, checkpoints.
+  main thread           training loop: loss, optimizer step, publish parameters, metrics, checkpoints;
+                        restarts the serving process if it dies.
 """
 
 from __future__ import annotations
@@ -18,22 +22,21 @@ import threading
 import time
 from typing import Any
 
-import grpc
 import torch
-from grpc_health.v1 import health_pb2
 
 from seed import checkpoint
 from seed.agents import agent_module
-from seed.batcher import InferenceBatcher
 from seed.config import LearnerConfig
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
-from seed.experience import FifoExperience, ReplayExperience
+from seed.experience import FifoExperience, ReplayExperience, SinkThread
 from seed.inference import CentralInference, FinishedEpisodes
-from seed.learner_service import LearnerService
 from seed.metrics import LearnerMetrics, MetricsWriter
 from seed.replay import PrioritizedReplay
-from seed.transport import listen_addresses, start_grpc_server
+from seed.serving.notify import RequestBatcher, send_replies
+from seed.serving.process import ServingProcess
+from seed.serving.slab import StepSlab
+from seed.transport import listen_addresses
 
 log = logging.getLogger(__name__)
 
@@ -68,27 +71,39 @@ class Learner:
         self.experience = self._make_experience()
         if restored:
             self.experience.restore(config.logdir)
-        self.registry: dict[int, int] = {}
+        self.sink = SinkThread(self.experience.sink, self.stop_event)
+        # The step slab is shared with the serving process; one request pipe per inference device carries
+        # "actor a's slot is ready", one reply pipe carries "actor a's reply is ready".
+        self.slab = StepSlab.create(config.num_actors, config.envs_per_actor, self.spec.observation_shape,
+                                    self.spec.observation_dtype)
+        self._request_pipes = [os.pipe() for _ in self.inference_devices]
+        self._reply_read, self._reply_write = os.pipe()
+        reply = lambda actors: send_replies(self._reply_write, actors)
         # One inference network, state table, unroll store and batcher per inference device; actor a is
         # served by device a % n, so each env's rows live on exactly one device.
         self.inferences = [
             CentralInference(
                 agent=self.agent, network=copy.deepcopy(self.agent.network).to(device).eval(), device=device,
-                num_envs=config.num_envs, unroll_length=config.unroll_length, burn_in=config.burn_in,
-                registry=self.registry, sink=self.experience.sink, on_episodes=self._on_episodes,
-                on_batch=self.metrics.record_batch)
+                slab=self.slab, unroll_length=config.unroll_length, burn_in=config.burn_in, reply=reply,
+                sink=self.sink.put, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch,
+                cuda_graphs=config.cuda_graphs)
             for device in self.inference_devices
         ]
-        self.batchers = [
-            InferenceBatcher(config.inference_batch_size, config.batch_timeout_ms / 1000.0, inference.run_batch,
-                             name=f"inference-batcher-{i}")
-            for i, inference in enumerate(self.inferences)
+        self.batchers = [RequestBatcher(read_fd, self.slab, config.inference_batch_size,
+                                        config.batch_timeout_ms / 1000.0)
+                         for read_fd, _ in self._request_pipes]
+        self.inference = self.inferences[0]
+        self.serving = ServingProcess(self.slab.layout, self.spec, listen_addresses(config.server_address),
+                                      2 * config.num_actors + 8, [w for _, w in self._request_pipes],
+                                      self._reply_read, self.metrics.record_actor_episodes)
+        self._inference_threads = [
+            threading.Thread(target=self._serve_inference, args=(inference, batcher), name=f"inference-{i}",
+                             daemon=True)
+            for i, (inference, batcher) in enumerate(zip(self.inferences, self.batchers, strict=True))
         ]
-        self.inference, self.batcher = self.inferences[0], self.batchers[0]
         # Football's shaped rewards differ from its score (goals): show both.
         self.writer = MetricsWriter(config.logdir, show_raw_return=self.spec.name.startswith("football:"))
         self.reference_scores = self._atari_reference_scores()
-        self.server: grpc.Server | None = None
         self.bound_addresses: list[str] = []
 
     def _make_experience(self) -> FifoExperience | ReplayExperience:
@@ -113,6 +128,17 @@ class Learner:
         except (ValueError, KeyError) as error:
             print(f"[learner] no human-normalised scores: {error}", flush=True)
             return None
+
+    def _serve_inference(self, inference: CentralInference, batcher: RequestBatcher) -> None:
+        """One inference device's loop: batches of ready slots until the learner stops."""
+        while not self.stop_event.is_set():
+            batch = batcher.next_batch(0.1)
+            if batch is None:
+                continue
+            try:
+                inference.run_batch(*batch)
+            except Exception:  # one bad batch must not stop inference for everyone (its actors got FAILED)
+                log.exception("inference batch failed")
 
     def is_eval_env(self, env_ids: torch.Tensor) -> torch.Tensor:
         """The last `num_eval_envs` env ids only evaluate."""
@@ -164,13 +190,16 @@ class Learner:
     def run(self) -> dict[str, Any]:
         """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary."""
         config = self.config
-        servicer = LearnerService(self.spec, config.num_actors, config.envs_per_actor, self.registry,
-                                  self.batchers, self.metrics, self.stop_event)
-        for batcher in self.batchers:
-            batcher.start()
+        for thread in self._inference_threads:
+            thread.start()
+        self.sink.start()
         self.experience.start()
-        self.server, health_servicer, self.bound_addresses = start_grpc_server(
-            servicer, listen_addresses(config.server_address), max_workers=2 * config.num_actors + 8)
+        try:
+            self.bound_addresses = self.serving.start()
+        except RuntimeError:
+            self.stop_event.set()
+            self._close()
+            raise
         print(f"[learner] agent={config.agent} env={config.env} listening on {', '.join(self.bound_addresses)} "
               f"num_envs={config.num_envs} logdir={config.logdir}", flush=True)
 
@@ -182,17 +211,18 @@ class Learner:
         try:
             while not self.stop_event.is_set() and self.metrics.env_frames < config.total_environment_frames:
                 self.train_step()
+                if not self.serving.alive() and not self.stop_event.is_set():
+                    self.serving.restart()
                 if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:
                     self.checkpoint()
                     last_checkpoint = time.monotonic()
         finally:
             self.stop_event.set()
-            for service in ("", "seed.Learner"):
-                health_servicer.set(service, health_pb2.HealthCheckResponse.NOT_SERVING)
-            self.server.stop(grace=1.0)
-            for batcher in self.batchers:
-                batcher.stop()
+            self.serving.stop()
+            for thread in self._inference_threads:
+                thread.join(timeout=10)
             self.checkpoint()
+            self._close()
             logger.finish()
             self.writer.close()
         wall = time.monotonic() - start
@@ -209,6 +239,17 @@ class Learner:
               f"mean_fps={summary['mean_env_frames_per_sec']:,.0f} "
               f"last_return_mean={summary['last_episode_return_mean']}", flush=True)
         return summary
+
+    def _close(self) -> None:
+        """Releases the slab and the pipes (the serving process has exited)."""
+        self.serving.stop()
+        for fd in (self._reply_read, self._reply_write, *(fd for pipe in self._request_pipes for fd in pipe)):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._request_pipes, self._reply_read, self._reply_write = [], -1, -1
+        self.slab.unlink()
 
     def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:
         """Extra values for the metrics row (agents with replay add theirs through `agent.metrics()`)."""

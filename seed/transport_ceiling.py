@@ -28,7 +28,7 @@ from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.config import EnvOptions, build_config, define_flags, explicit_flags
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
-from seed.learner_service import read_handshake
+from seed.serving.service import read_handshake
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0)]

@@ -6,11 +6,15 @@ read-only views on the message's bytes.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import torch
 
 from seed._proto import seed_pb2
 from seed.envs.base import EnvSpec, EpisodeStats
+
+if TYPE_CHECKING:  # torch is imported lazily: the serving process and the actors never need it
+    import torch
 
 
 class WireError(ValueError):
@@ -84,10 +88,14 @@ _SIGNED_STORAGE = {"uint16": "int16", "uint32": "int32", "uint64": "int64"}
 
 def torch_dtype(numpy_dtype: str) -> torch.dtype:
     """The torch dtype the learner stores observations of `numpy_dtype` in."""
+    import torch
+
     return getattr(torch, _SIGNED_STORAGE.get(numpy_dtype, numpy_dtype))
 
 
 def to_torch(array: np.ndarray) -> torch.Tensor:
     """numpy -> torch without a copy, reinterpreting unsigned types torch cannot index (see torch_dtype)."""
+    import torch
+
     signed = _SIGNED_STORAGE.get(array.dtype.name)
     return torch.from_numpy(array.view(signed) if signed else array)

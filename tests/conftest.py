@@ -84,3 +84,18 @@ def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.25, o
         time.sleep(interval_s)
     details = on_timeout() if on_timeout else ""
     raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{details}")
+
+
+def serve_steps(inference, steps):
+    """Runs `steps` through `inference` as one batch, writing each into the step slab the way the serving
+    process does. steps: (actor, run_id, observation [K, ...], reward [K], done [K], truncated [K]) tuples.
+    Returns {actor: (reply status, actions int32 [K])}."""
+    import numpy as np
+
+    slab = inference.slab
+    actors, seqs = [], []
+    for actor, run_id, observation, reward, done, truncated in steps:
+        actors.append(actor)
+        seqs.append(slab.write_request(actor, run_id, observation, reward, done, truncated))
+    inference.run_batch(np.array(actors, np.int64), np.array(seqs, np.int64))
+    return {a: (int(slab.reply_status[a]), slab.action[slab.rows(a)].copy()) for a in actors}

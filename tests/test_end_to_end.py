@@ -117,20 +117,20 @@ def test_each_inference_device_serves_its_actors(tmp_path):
     """Actor a is served by inference device a % n: its env rows live only in that device's tables."""
     import numpy as np
 
-    from seed.batcher import StepRequest
     from seed.learner import Learner
     from seed.learner_main import resolve_config
+    from seed.serving.slab import REPLY_OK
+    from tests.conftest import serve_steps
 
     config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",
                                  num_actors=2, envs_per_actor=4, inference_devices="cpu,cpu", torch_threads=1))
     learner = Learner(config)
     assert len(learner.inferences) == 2 and len(learner.batchers) == 2
-    learner.registry.update({0: 1, 1: 1})
+    learner.slab.live_run[:] = 1
     for actor in (0, 1):
         inference = learner.inferences[actor % 2]
-        request = StepRequest(actor, 1, actor * 4, np.zeros((4, 8), np.float32), np.zeros(4, np.float32),
-                              np.zeros(4, bool), np.zeros(4, bool))
-        inference.run_batch([request])
-        assert request.future.result().shape == (4,)
-    assert learner.inferences[0].state_table.connected.tolist() == [True] * 4 + [False] * 4
-    assert learner.inferences[1].state_table.connected.tolist() == [False] * 4 + [True] * 4
+        step = (actor, 1, np.zeros((4, 8), np.float32), np.zeros(4, np.float32), np.zeros(4, bool), np.zeros(4, bool))
+        status, actions = serve_steps(inference, [step])[actor]
+        assert status == REPLY_OK and actions.shape == (4,)
+    assert learner.inferences[0].actor_run.tolist() == [1, 0]
+    assert learner.inferences[1].actor_run.tolist() == [0, 1]

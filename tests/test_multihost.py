@@ -145,8 +145,9 @@ def test_actors_train_with_a_learner_on_another_host(netns, procs, tmp_path):
              on_timeout=lambda: procs.output(learner) + "".join(procs.output(a) for a in actors))
     last = read_metrics(logdir)[-1]
     assert last["env_frames"] > 0 and last["episodes"] > 0
-    for index, actor in enumerate(actors):
-        assert f"[actor {index}] connected to {ADDRESS}" in procs.output(actor)
+    for index, actor in enumerate(actors):  # the first actor alone can provide 20 steps: wait for both
+        wait_for(lambda i=index, a=actor: f"[actor {i}] connected to {ADDRESS}" in procs.output(a), 30,
+                 f"actor {index} to connect over the veth link")
     # The standard health service answers across the link too (what the Kubernetes gRPC probes ask).
     health = subprocess.run(["ip", "netns", "exec", netns.actor, sys.executable, "-c", HEALTH_CHECK, ADDRESS, "",
                              "seed.Learner"], capture_output=True, text=True, timeout=30, cwd=REPO)

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from seed.agents.r2d2.agent import ATARI_TABLE_8, Agent
-from seed.batcher import StepRequest
 from seed.learner import Learner
 from seed.learner_main import resolve_config
 from seed.unroll import Unroll
+from tests.conftest import serve_steps
 
 
 def _config(tmp_path, **overrides):
@@ -26,21 +26,26 @@ def _config(tmp_path, **overrides):
 def _request(actor, g, k=2, rng=None, done=None):
     rng = rng or np.random.default_rng(g)
     observation = rng.normal(size=(k, 8)).astype(np.float32)
-    return StepRequest(actor_index=actor, run_id=1, first_env_id=actor * k, observation=observation,
-                       reward=np.full(k, float(g), np.float32),
-                       done=np.zeros(k, bool) if done is None else done, truncated=np.zeros(k, bool))
+    return (actor, 1, observation, np.full(k, float(g), np.float32), np.zeros(k, bool) if done is None else done,
+            np.zeros(k, bool))
+
+
+def _learner(config):
+    learner = Learner(config)
+    learner.slab.live_run[:] = 1  # both actors handshook with run id 1
+    learner.inference.sink = learner.experience.sink  # no sink thread: unrolls go straight to replay
+    return learner
 
 
 def test_burn_in_reaches_the_state_inference_had_at_the_first_trained_step(tmp_path):
-    learner = Learner(_config(tmp_path, num_eval_envs=0))
-    learner.registry.update({0: 1, 1: 1})
+    learner = _learner(_config(tmp_path, num_eval_envs=0))
     inference = learner.inference
     emitted: list[Unroll] = []
     inference.sink = emitted.extend
     states_after = {}  # global step g -> state row of env 0 after processing step g
     for g in range(20):
         done = np.array([g == 11, False])  # an episode boundary inside a burn-in prefix
-        inference.run_batch([_request(0, g, done=done), _request(1, g)])
+        serve_steps(inference, [_request(0, g, done=done), _request(1, g)])
         states_after[g] = {k: v[0].clone() for k, v in inference.state_table.agent_state.items()}
     env0 = [u for u in emitted if int(u.env_id) == 0]
     assert len(env0) >= 3
@@ -62,11 +67,10 @@ def test_burn_in_reaches_the_state_inference_had_at_the_first_trained_step(tmp_p
 
 
 def test_eval_envs_never_enter_replay_and_are_logged_apart(tmp_path):
-    learner = Learner(_config(tmp_path, num_eval_envs=2, fake_episode_length=5, replay_ratio=0.01))
-    learner.registry.update({0: 1, 1: 1})
+    learner = _learner(_config(tmp_path, num_eval_envs=2, fake_episode_length=5, replay_ratio=0.01))
     for g in range(40):
         done = np.full(2, g % 7 == 6)
-        learner.inference.run_batch([_request(0, g, done=done), _request(1, g, done=done)])
+        serve_steps(learner.inference, [_request(0, g, done=done), _request(1, g, done=done)])
     replay = learner.experience.replay
     assert replay.inserted > 0
     stored = set(replay._env_ids[: replay.size].tolist())
@@ -78,10 +82,9 @@ def test_eval_envs_never_enter_replay_and_are_logged_apart(tmp_path):
 
 
 def test_training_step_updates_priorities_and_target_copy(tmp_path):
-    learner = Learner(_config(tmp_path, target_update_interval=2, replay_ratio=1.0))
-    learner.registry.update({0: 1, 1: 1})
+    learner = _learner(_config(tmp_path, target_update_interval=2, replay_ratio=1.0))
     for g in range(20):  # 3 sequences per env: within what the replay ratio lets run ahead
-        learner.inference.run_batch([_request(0, g), _request(1, g)])
+        serve_steps(learner.inference, [_request(0, g), _request(1, g)])
     replay = learner.experience.replay
     assert learner.train_step()
     online = learner.agent.network.state_dict()
@@ -117,10 +120,9 @@ def test_agent_rejects_burn_in_longer_than_unroll(tmp_path):
 
 
 def test_checkpoint_keeps_target_network_and_optionally_the_replay(tmp_path):
-    learner = Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
-    learner.registry.update({0: 1, 1: 1})
+    learner = _learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
     for g in range(20):
-        learner.inference.run_batch([_request(0, g), _request(1, g)])
+        serve_steps(learner.inference, [_request(0, g), _request(1, g)])
     assert learner.train_step()
     learner.checkpoint()
     saved_size = learner.experience.replay.size

@@ -108,7 +108,9 @@ class Agent:
         q = q[0]
         if self.epsilons.device != q.device:
             self.epsilons = self.epsilons.to(q.device)
-        explore = torch.rand(q.shape[0], device=q.device) < self.epsilons[batch.env_ids]
+        # Padded rows of a fixed-size batch carry an env id past the last one: give them the last epsilon.
+        env_ids = batch.env_ids.clamp(max=len(self.epsilons) - 1)
+        explore = torch.rand(q.shape[0], device=q.device) < self.epsilons[env_ids]
         random_action = torch.randint(0, q.shape[-1], (q.shape[0],), device=q.device)
         action = torch.where(explore, random_action, q.argmax(-1))
         return ActOutput(action=action, outputs={"q_values": q}, state=new_state)

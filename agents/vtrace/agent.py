@@ -82,7 +82,10 @@ class Agent:
         logits, _, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
                                        batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
         logits = logits[0]
-        action = torch.multinomial(F.softmax(logits, dim=-1), 1).squeeze(-1)
+        # Sampling from softmax(logits) by the Gumbel-max trick: argmax(logits - log E), E ~ Exp(1). Unlike
+        # torch.multinomial it never synchronises with the host, so it can be captured in a CUDA graph.
+        noise = torch.empty_like(logits).exponential_()
+        action = (logits - noise.log()).argmax(-1)
         return ActOutput(action=action, outputs={"policy_logits": logits}, state=new_state)
 
     def loss(self, batch: TrainingBatch) -> LossOutput:

@@ -1,0 +1,66 @@
+"""Publishing the trained parameters to an inference network without stalling inference.
+
+The training thread `publish`es a snapshot into a staging copy on the inference device and bumps a version;
+the inference thread `refresh`es between batches, copying staging into its network in place (so CUDA graphs
+that read the network's tensors stay valid). On GPUs both copies are ordered with CUDA events instead of
+synchronisation: the inference stream waits for the staged copy, and the next publish waits until inference
+has finished reading staging. Neither thread ever waits for the other's kernels on the host.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import torch
+
+
+def _copy(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    if all(s.device == t.device for s, t in zip(sources, targets, strict=True)):
+        torch._foreach_copy_(targets, sources, non_blocking=True)
+    else:
+        for t, s in zip(targets, sources, strict=True):
+            t.copy_(s, non_blocking=True)
+
+
+class ParameterPublisher:
+    """Args:
+      network: the inference network (its state-dict tensors are updated in place).
+      device: its device.
+    """
+
+    def __init__(self, network: torch.nn.Module, device: torch.device):
+        state = network.state_dict()
+        self.names = list(state)
+        self.targets = [state[name] for name in self.names]
+        self.staging = [torch.empty_like(t) for t in self.targets]
+        self.cuda = device.type == "cuda"
+        self._lock = threading.Lock()
+        self._version = 0
+        self._applied = 0
+        self._staged: torch.cuda.Event | None = None
+        self._consumed: torch.cuda.Event | None = None
+
+    def publish(self, parameters: dict[str, torch.Tensor]) -> None:
+        """Training side: snapshot `parameters` (a state dict on any device) into staging."""
+        with torch.no_grad(), self._lock:
+            if self.cuda and self._consumed is not None:
+                torch.cuda.current_stream(self.targets[0].device).wait_event(self._consumed)
+            _copy(self.staging, [parameters[name] for name in self.names])
+            if self.cuda:
+                self._staged = torch.cuda.Event()
+                self._staged.record(torch.cuda.current_stream(self.targets[0].device))
+            self._version += 1
+
+    def refresh(self) -> bool:
+        """Inference side, between batches: applies the newest snapshot if there is one; whether it did."""
+        if self._version == self._applied:
+            return False
+        with torch.no_grad(), self._lock:
+            if self.cuda:
+                torch.cuda.current_stream(self.targets[0].device).wait_event(self._staged)
+            _copy(self.targets, self.staging)
+            if self.cuda:
+                self._consumed = torch.cuda.Event()
+                self._consumed.record(torch.cuda.current_stream(self.targets[0].device))
+            self._applied = self._version
+        return True

@@ -1,0 +1,147 @@
+"""The inference forward pass of one batch: state gather, the agent's `act`, state scatter, results to host.
+
+`EagerPolicy` runs it op by op (any device). `GraphedPolicy` captures it once per padded batch size as a
+CUDA graph and replays it: one launch instead of ~50 kernel launches and their Python, which is what an
+inference step costs on a GPU. Batches are padded to a power-of-two number of actors (at most the number of
+actors); padded rows use the state table's scratch row, so they never touch a real env.
+
+Both take host tensors (pinned on GPUs), copy them to the device once, and copy actions and outputs back once,
+synchronising only on that copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from seed.state_table import State, StateTable
+
+
+@dataclasses.dataclass
+class PolicyInputs:
+    """One batch on the host: observation [B, *obs], env_ids int64 [B], prev_action int64 [B], reward
+    float32 [B], done bool [B]."""
+
+    observation: torch.Tensor
+    env_ids: torch.Tensor
+    prev_action: torch.Tensor
+    reward: torch.Tensor
+    done: torch.Tensor
+
+
+PolicyResult = tuple[torch.Tensor, dict[str, torch.Tensor], State]
+"""(actions int64 [B] on the host, outputs {name: [B, ...]} on the host, state before the step [B, ...] on the
+device)."""
+
+
+class _HostResults:
+    """Pinned host buffers the device results are copied into (allocated on first use, `rows` long)."""
+
+    def __init__(self, rows: int, pin: bool):
+        self.rows, self.pin = rows, pin
+        self._buffers: dict[str, torch.Tensor] = {}
+
+    def copy(self, name: str, value: torch.Tensor) -> torch.Tensor:
+        if value.device.type == "cpu":
+            return value
+        buffer = self._buffers.get(name)
+        if buffer is None:
+            buffer = self._buffers[name] = torch.empty((self.rows, *value.shape[1:]), dtype=value.dtype,
+                                                       pin_memory=self.pin)
+        return buffer[:len(value)].copy_(value, non_blocking=True)
+
+
+def _run_act(agent: Any, network: torch.nn.Module, table: StateTable, inputs: PolicyInputs
+             ) -> tuple[torch.Tensor, dict[str, torch.Tensor], State]:
+    from seed.inference import InferenceBatch
+
+    state = table.gather(inputs.env_ids)
+    batch = InferenceBatch(inputs.env_ids, inputs.observation, inputs.reward, inputs.done, inputs.prev_action)
+    out = agent.act(network, batch, state)
+    table.scatter(inputs.env_ids, out.state)
+    return out.action, out.outputs, state
+
+
+class EagerPolicy:
+    def __init__(self, agent: Any, network: torch.nn.Module, table: StateTable, device: torch.device):
+        self.agent, self.network, self.table, self.device = agent, network, table, device
+        self._results = _HostResults(table.num_envs + 1, device.type == "cuda")
+
+    def __call__(self, inputs: PolicyInputs) -> PolicyResult:
+        cuda = self.device.type == "cuda"
+        on_device = PolicyInputs(*(t.to(self.device, non_blocking=cuda) for t in dataclasses.astuple(inputs)))
+        with torch.no_grad():
+            action, outputs, state = _run_act(self.agent, self.network, self.table, on_device)
+        action = self._results.copy("action", action)
+        outputs = {k: self._results.copy(k, v) for k, v in outputs.items()}
+        if cuda:
+            torch.cuda.current_stream(self.device).synchronize()
+        return action, outputs, state
+
+
+@dataclasses.dataclass
+class _Captured:
+    graph: torch.cuda.CUDAGraph
+    inputs: PolicyInputs  # static device buffers [rows, ...]
+    action: torch.Tensor
+    outputs: dict[str, torch.Tensor]
+    state: State
+
+
+class GraphedPolicy:
+    """CUDA-graph replay of the inference step, one graph per padded batch size (captured on first use)."""
+
+    def __init__(self, agent: Any, network: torch.nn.Module, table: StateTable, device: torch.device,
+                 envs_per_actor: int):
+        self.agent, self.network, self.table, self.device = agent, network, table, device
+        self.k = envs_per_actor
+        self.num_actors = table.num_envs // envs_per_actor
+        self.graphs: dict[int, _Captured] = {}
+        self._pool = None
+        self._results = _HostResults(table.num_envs + 1, pin=True)
+        self._env_ids = torch.empty(table.num_envs, dtype=torch.int64, pin_memory=True)
+
+    def padded_rows(self, rows: int) -> int:
+        actors = -(-rows // self.k)
+        return min(1 << (actors - 1).bit_length(), self.num_actors) * self.k
+
+    def _capture(self, rows: int, like: PolicyInputs) -> _Captured:
+        device = self.device
+        static = PolicyInputs(
+            observation=torch.zeros((rows, *like.observation.shape[1:]), dtype=like.observation.dtype, device=device),
+            env_ids=torch.full((rows,), self.table.scratch_row, dtype=torch.int64, device=device),
+            prev_action=torch.zeros(rows, dtype=torch.int64, device=device),
+            reward=torch.zeros(rows, dtype=torch.float32, device=device),
+            done=torch.ones(rows, dtype=torch.bool, device=device))
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side), torch.no_grad():
+            for _ in range(2):  # warm-up outside the graph (lazy initialisation, cuDNN autotuning); scratch rows only
+                _run_act(self.agent, self.network, self.table, static)
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            action, outputs, state = _run_act(self.agent, self.network, self.table, static)
+        self._pool = graph.pool()
+        return _Captured(graph, static, action, outputs, state)
+
+    def __call__(self, inputs: PolicyInputs) -> PolicyResult:
+        rows = len(inputs.env_ids)
+        padded = self.padded_rows(rows)
+        captured = self.graphs.get(padded)
+        if captured is None:
+            captured = self.graphs[padded] = self._capture(padded, inputs)
+        static = captured.inputs
+        env_ids = self._env_ids[:padded]
+        env_ids[:rows] = inputs.env_ids
+        env_ids[rows:] = self.table.scratch_row
+        static.env_ids.copy_(env_ids, non_blocking=True)
+        for name in ("observation", "prev_action", "reward", "done"):
+            getattr(static, name)[:rows].copy_(getattr(inputs, name), non_blocking=True)
+        captured.graph.replay()
+        action = self._results.copy("action", captured.action[:rows])
+        outputs = {k: self._results.copy(k, v[:rows]) for k, v in captured.outputs.items()}
+        torch.cuda.current_stream(self.device).synchronize()
+        return action, outputs, {k: v[:rows] for k, v in captured.state.items()}

@@ -1,0 +1,204 @@
+"""The serving process: the learner's gRPC front end, a separate OS process with its own GIL.
+
+The learner starts it (`ServingProcess.start`) with the slab layout, the env spec, the listen addresses and
+three kinds of pipes passed as inherited file descriptors: request pipes (to each inference device), the
+reply pipe (from inference) and an events pipe (JSON lines back to the learner: bound addresses, finished
+episodes' raw returns, a fatal error). The process exits when the learner tells it to (SIGTERM) or when the
+learner disappears (the reply pipe reaches end of file, or its parent changes), so a killed learner never
+leaves a process holding its port.
+
+    python -m seed.serving.process   (reads its configuration as one JSON object on stdin)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import dataclasses
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from seed.envs.base import EnvSpec
+from seed.serving.slab import SlabLayout
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class ServingConfig:
+    """Everything the serving process needs; travels as JSON on its stdin."""
+
+    layout: SlabLayout
+    spec: EnvSpec
+    addresses: list[str]
+    request_fds: list[int]
+    reply_fd: int
+    events_fd: int
+    max_workers: int
+    parent_pid: int
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @staticmethod
+    def from_json(text: str) -> ServingConfig:
+        values = json.loads(text)
+        layout = values.pop("layout")
+        layout["observation_shape"] = tuple(layout["observation_shape"])
+        spec = values.pop("spec")
+        spec["observation_shape"] = tuple(spec["observation_shape"])
+        return ServingConfig(layout=SlabLayout(**layout), spec=EnvSpec(**spec), **values)
+
+
+class _EventWriter:
+    """JSON lines to the learner; writes from several threads never interleave."""
+
+    def __init__(self, fd: int):
+        self._file = os.fdopen(fd, "w", buffering=1)
+        self._lock = threading.Lock()
+
+    def send(self, **event: Any) -> None:
+        with self._lock:
+            try:
+                self._file.write(json.dumps(event) + "\n")
+            except (BrokenPipeError, ValueError):  # the learner is gone; the watchdog ends this process
+                pass
+
+
+def _die_with_parent(parent_pid: int, stop: threading.Event) -> None:
+    """Ends the process when the learner is gone (SIGKILLed learners included)."""
+    try:  # Linux: the kernel sends SIGTERM when the parent dies
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+    def watch() -> None:
+        while not stop.wait(0.5):
+            if os.getppid() != parent_pid:
+                stop.set()
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def serve(config: ServingConfig) -> None:
+    """Runs the gRPC server until SIGTERM or the learner's exit."""
+    from seed.serving.notify import ReplyReader
+    from seed.serving.service import SlabService
+    from seed.serving.slab import StepSlab
+    from seed.transport import start_grpc_server
+
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the learner, which stops us in order
+    _die_with_parent(config.parent_pid, stop)
+    events = _EventWriter(config.events_fd)
+    slab = StepSlab.attach(config.layout)
+    service = SlabService(config.spec, slab, config.request_fds, lambda r: events.send(episodes=r), stop)
+
+    def read_replies() -> None:
+        reader = ReplyReader(config.reply_fd)
+        while (actors := reader.read()) is not None:
+            service.wake(actors)
+        stop.set()  # end of file: the learner closed its side
+
+    threading.Thread(target=read_replies, name="reply-reader", daemon=True).start()
+    try:
+        server, health, bound = start_grpc_server(service, config.addresses, config.max_workers)
+    except RuntimeError as error:
+        events.send(error=str(error))
+        sys.exit(3)
+    events.send(bound=bound)
+    stop.wait()
+    server.stop(grace=1.0).wait(5)
+
+
+class ServingProcess:
+    """The learner's handle on its serving process: start, wait until it serves, restart, stop.
+
+    Args:
+      layout: the slab to serve into (created by the learner).
+      spec, addresses, max_workers: as for the gRPC server.
+      request_write_fds: write ends of the request pipes, one per inference device.
+      reply_read_fd: read end of the reply pipe.
+      on_episodes: called with the raw returns the actors report.
+    """
+
+    def __init__(self, layout: SlabLayout, spec: EnvSpec, addresses: list[str], max_workers: int,
+                 request_write_fds: list[int], reply_read_fd: int, on_episodes: Callable[[list[float]], None]):
+        self._layout, self._spec, self._addresses, self._max_workers = layout, spec, addresses, max_workers
+        self._request_fds, self._reply_fd = request_write_fds, reply_read_fd
+        self._on_episodes = on_episodes
+        self._process: subprocess.Popen | None = None
+        self._ready = threading.Event()
+        self._error: str | None = None
+        self.bound_addresses: list[str] = []
+        self.restarts = 0
+
+    def start(self, timeout_s: float = 60.0) -> list[str]:
+        """Starts the process and returns its bound addresses once it serves; raises if it cannot."""
+        events_read, events_write = os.pipe()
+        self._ready.clear()
+        self._error = None
+        config = ServingConfig(self._layout, self._spec, self._addresses, self._request_fds, self._reply_fd,
+                               events_write, self._max_workers, os.getpid())
+        fds = (*self._request_fds, self._reply_fd, events_write)
+        self._process = subprocess.Popen([sys.executable, "-m", "seed.serving.process"], stdin=subprocess.PIPE,
+                                         pass_fds=fds, text=True)
+        os.close(events_write)
+        self._process.stdin.write(config.to_json())
+        self._process.stdin.close()
+        threading.Thread(target=self._read_events, args=(events_read,), name="serving-events", daemon=True).start()
+        deadline = time.monotonic() + timeout_s
+        while not self._ready.wait(0.1):
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(self._error or f"serving process exited with {self._process.returncode} "
+                                                  f"before serving (waited up to {timeout_s:.0f}s)")
+        if self._error:
+            raise RuntimeError(self._error)
+        return self.bound_addresses
+
+    def _read_events(self, fd: int) -> None:
+        with os.fdopen(fd) as lines:
+            for line in lines:
+                event = json.loads(line)
+                if "episodes" in event:
+                    self._on_episodes(event["episodes"])
+                elif "bound" in event:
+                    self.bound_addresses = event["bound"]
+                    self._ready.set()
+                elif "error" in event:
+                    self._error = event["error"]
+                    self._ready.set()
+
+    def alive(self) -> bool:
+        return self._process is not None and self._process.poll() is None
+
+    def restart(self) -> None:
+        """Starts a fresh serving process after the last one died; actors reconnect by themselves."""
+        self.restarts += 1
+        print(f"[learner] serving process exited with {self._process.returncode}; restarting it", flush=True)
+        self.start()
+
+    def stop(self) -> None:
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.WARNING)
+    serve(ServingConfig.from_json(sys.stdin.read()))

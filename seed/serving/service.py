@@ -1,0 +1,150 @@
+"""The learner's gRPC service, run in the serving process: one bidirectional stream per actor.
+
+Each stream runs on its own server thread: it validates the handshake, then for every step message decodes
+and checks the tensors (zero-copy views), copies them into the actor's rows of the step slab, notifies the
+actor's inference device and waits for the reply in the slab. All of this happens outside the learner
+process, so decoding never competes with inference or training for the learner's GIL.
+
+A malformed message ends only that actor's stream (INVALID_ARGUMENT naming the field, the value received
+and the value expected); a request of a replaced actor run ends with ABORTED; the other actors never notice.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+
+import grpc
+import numpy as np
+
+from seed import wire
+from seed._proto import seed_pb2, seed_pb2_grpc
+from seed.envs.base import EnvSpec
+from seed.serving import notify
+from seed.serving.slab import REPLY_OK, REPLY_STALE, StepSlab
+
+
+def read_handshake(request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext,
+                   check: Callable[[seed_pb2.Handshake], str | None]) -> seed_pb2.Handshake | None:
+    """The stream's first message, which must be a handshake that `check` finds no problem with.
+
+    Aborts the stream with INVALID_ARGUMENT naming the problem; None if the actor closed the stream first.
+    """
+    try:
+        first = next(request_iterator)
+    except StopIteration:
+        return None
+    if first.WhichOneof("message") != "handshake":
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                      f"first message: got {first.WhichOneof('message')}, expected handshake")
+    problem = check(first.handshake)
+    if problem:
+        context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"handshake rejected: {problem}")
+    return first.handshake
+
+
+class _Slot:
+    """One actor's slot: a lock (one request in flight per actor index) and the reply's wake-up event."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self.replied = threading.Event()
+
+
+class SlabService(seed_pb2_grpc.LearnerServicer):
+    """Args:
+      spec: the learner's env spec; actors must send the same.
+      slab: the shared step slab (num_actors x envs_per_actor rows).
+      request_fds: one request pipe per inference device; actor a notifies request_fds[a % n].
+      on_episodes: receives the raw returns of episodes the actors report finished.
+      stop: set when the serving process shuts down; waiting streams end with UNAVAILABLE.
+    """
+
+    def __init__(self, spec: EnvSpec, slab: StepSlab, request_fds: list[int],
+                 on_episodes: Callable[[list[float]], None], stop: threading.Event):
+        self.spec = spec
+        self.slab = slab
+        self.num_actors = slab.layout.num_actors
+        self.envs_per_actor = slab.envs_per_actor
+        self.request_fds = request_fds
+        self.on_episodes = on_episodes
+        self.stop = stop
+        self.slots = [_Slot() for _ in range(self.num_actors)]
+        self.learner_run = uuid.uuid4().hex[:12]
+
+    def wake(self, actors: np.ndarray) -> None:
+        """Called by the reply reader: the slots of `actors` have a reply."""
+        for actor in actors.tolist():
+            if 0 <= actor < self.num_actors:
+                self.slots[actor].replied.set()
+
+    def _check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
+        if not 0 <= handshake.actor_index < self.num_actors:
+            return (f"actor_index: got {handshake.actor_index}, "
+                    f"expected 0 <= actor_index < {self.num_actors} (--num_actors)")
+        if handshake.num_envs != self.envs_per_actor:
+            return f"num_envs: got {handshake.num_envs}, expected {self.envs_per_actor} (--envs_per_actor)"
+        if handshake.run_id == 0:
+            return "run_id: got 0, expected a nonzero random id drawn at actor start"
+        return wire.spec_mismatch(wire.spec_from_proto(handshake.spec), self.spec)
+
+    def _decode(self, step: seed_pb2.StepBatch, shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+        k = self.envs_per_actor
+        observation = wire.decode_tensor(step.observation, "step.observation", self.spec.observation_dtype, shape)
+        reward = wire.decode_tensor(step.reward, "step.reward", "float32", (k,))
+        done = wire.decode_tensor(step.done, "step.done", "bool", (k,))
+        truncated = wire.decode_tensor(step.truncated, "step.truncated", "bool", (k,))
+        if not np.isfinite(reward).all():
+            raise wire.WireError("step.reward: got a non-finite value, expected finite rewards")
+        return observation, reward, done, truncated
+
+    def _infer(self, actor: int, run_id: int, arrays: tuple[np.ndarray, ...], context: grpc.ServicerContext
+               ) -> np.ndarray:
+        """Hands one step to inference through the slab and waits for its actions (int32 [K])."""
+        slot, slab = self.slots[actor], self.slab
+        with slot.lock:
+            if int(slab.live_run[actor]) != run_id:
+                context.abort(grpc.StatusCode.ABORTED, f"actor {actor} run {run_id:x} was replaced by a newer run")
+            slot.replied.clear()
+            seq = slab.write_request(actor, run_id, *arrays)
+            notify.send_request(self.request_fds[actor % len(self.request_fds)], actor, seq)
+            while not (slot.replied.wait(0.5) and slab.answered(actor, seq)):
+                if self.stop.is_set():
+                    context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
+                slot.replied.clear()
+                if slab.answered(actor, seq):
+                    break
+            status = int(slab.reply_status[actor])
+            actions = slab.action[slab.rows(actor)].copy()
+        if status == REPLY_STALE:
+            context.abort(grpc.StatusCode.ABORTED, f"actor {actor} run {run_id:x} was replaced by a newer run")
+        if status != REPLY_OK:
+            context.abort(grpc.StatusCode.INTERNAL, "inference failed for this batch; reconnect")
+        return actions
+
+    def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
+        handshake = read_handshake(request_iterator, context, self._check_handshake)
+        if handshake is None:
+            return
+        actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
+        first_env_id = actor * num_envs
+        self.slab.live_run[actor] = run_id  # from now on, requests of an older run of this actor are stale
+        print(f"[learner] actor {actor} connected (run {run_id:x}, env ids {first_env_id}.."
+              f"{first_env_id + num_envs - 1})", flush=True)
+        yield seed_pb2.LearnerMessage(
+            handshake_reply=seed_pb2.HandshakeReply(first_env_id=first_env_id, learner_run=self.learner_run))
+
+        observation_shape = (num_envs, *self.spec.observation_shape)
+        for message in request_iterator:
+            kind = message.WhichOneof("message")
+            if kind != "step":
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"message: got {kind}, expected step")
+            try:
+                arrays = self._decode(message.step, observation_shape)
+            except wire.WireError as error:
+                context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor}: {error}")
+            actions = self._infer(actor, run_id, arrays, context)
+            if message.step.finished:
+                self.on_episodes([e.raw_return for e in message.step.finished])
+            yield seed_pb2.LearnerMessage(actions=seed_pb2.ActionBatch(action=wire.encode_tensor(actions)))

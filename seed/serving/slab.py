@@ -1,0 +1,153 @@
+"""The step slab: every env's latest step in shared memory, written by the serving process, read by inference.
+
+One file in /dev/shm (or the temp dir) mapped by both processes. Rows are indexed by env id, so actor `a`
+with K envs owns rows [a*K, (a+1)*K) and an inference batch is one gather of the ready actors' rows, however
+many actors it holds. Each actor has exactly one request in flight (the stream is request/reply), so one slot
+per actor is all the buffering there is: no queue, no per-request Python object on the inference side.
+
+Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
+
+  observation    [N, *observation_shape]  the actor's dtype (uint16 frames stay uint16 bits)
+  reward         float32 [N]
+  done           bool [N]
+  truncated      bool [N]
+  action         int32 [N]          written by inference, read by the serving process for the reply
+  request_run    int64 [A]          run id of the actor run whose step is in the slot
+  request_seq    int64 [A]          increments with every request of the slot
+  arrival_s      float64 [A]        time.monotonic() when the request arrived (system-wide clock)
+  live_run       int64 [A]          run id registered by the actor's latest handshake (0 = none yet)
+  reply_seq      int64 [A]          request_seq of the request the slot's current reply answers
+  reply_status   int8 [A]           REPLY_OK, REPLY_STALE or REPLY_FAILED
+
+Protocol per request (serving side): write the rows and request_* fields, then notify inference through a
+pipe (a syscall: the writes are visible to the reader after it). Inference writes `action`, `reply_status`
+and `reply_seq` before notifying back the same way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import mmap
+import os
+import tempfile
+import time
+import uuid
+import weakref
+
+import numpy as np
+
+REPLY_OK, REPLY_STALE, REPLY_FAILED = 0, 1, 2
+_ALIGN = 64  # bytes; every array starts on a cache line
+
+
+@dataclasses.dataclass(frozen=True)
+class SlabLayout:
+    """What both processes need to map the same slab (picklable: it crosses the process boundary)."""
+
+    path: str
+    num_actors: int
+    envs_per_actor: int
+    observation_shape: tuple[int, ...]
+    observation_dtype: str
+
+    @property
+    def num_envs(self) -> int:
+        return self.num_actors * self.envs_per_actor
+
+    def fields(self) -> list[tuple[str, str, tuple[int, ...]]]:
+        n, a = self.num_envs, self.num_actors
+        return [
+            ("observation", self.observation_dtype, (n, *self.observation_shape)),
+            ("reward", "float32", (n,)), ("done", "bool", (n,)), ("truncated", "bool", (n,)),
+            ("action", "int32", (n,)),
+            ("request_run", "int64", (a,)), ("request_seq", "int64", (a,)), ("arrival_s", "float64", (a,)),
+            ("live_run", "int64", (a,)), ("reply_seq", "int64", (a,)), ("reply_status", "int8", (a,)),
+        ]
+
+    def offsets(self) -> tuple[dict[str, int], int]:
+        """Byte offset of every field and the total size."""
+        offsets, size = {}, 0
+        for name, dtype, shape in self.fields():
+            offsets[name] = size
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            size += -(-nbytes // _ALIGN) * _ALIGN
+        return offsets, size
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _shared_directory() -> str:
+    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+
+
+class StepSlab:
+    """NumPy views of one mapped slab. `create` makes (and later `unlink`s) the file; `attach` maps it."""
+
+    def __init__(self, layout: SlabLayout, fd: int, owner: bool):
+        self.layout = layout
+        self.owner = owner
+        offsets, self.nbytes = layout.offsets()
+        self._map = mmap.mmap(fd, self.nbytes)
+        os.close(fd)
+        for name, dtype, shape in layout.fields():
+            count = math.prod(shape)
+            view = np.frombuffer(self._map, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
+            setattr(self, name, view)
+        self.envs_per_actor = layout.envs_per_actor
+
+    @classmethod
+    def create(cls, num_actors: int, envs_per_actor: int, observation_shape: tuple[int, ...],
+               observation_dtype: str) -> StepSlab:
+        path = os.path.join(_shared_directory(), f"seed-slab-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        layout = SlabLayout(path, num_actors, envs_per_actor, tuple(observation_shape), observation_dtype)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        os.ftruncate(fd, layout.offsets()[1])  # zero-filled
+        slab = cls(layout, fd, owner=True)
+        weakref.finalize(slab, _unlink_quietly, path)  # also at interpreter exit
+        return slab
+
+    @classmethod
+    def attach(cls, layout: SlabLayout) -> StepSlab:
+        return cls(layout, os.open(layout.path, os.O_RDWR), owner=False)
+
+    def rows(self, actor: int) -> slice:
+        k = self.envs_per_actor
+        return slice(actor * k, (actor + 1) * k)
+
+    def write_request(self, actor: int, run_id: int, observation: np.ndarray, reward: np.ndarray,
+                      done: np.ndarray, truncated: np.ndarray) -> int:
+        """Copies one validated step of actor `actor` into its rows; returns the request's sequence number.
+
+        The caller holds the actor's slot (one request in flight per actor) and notifies inference after.
+        """
+        rows = self.rows(actor)
+        self.observation[rows] = observation
+        self.reward[rows] = reward
+        self.done[rows] = done
+        self.truncated[rows] = truncated
+        self.request_run[actor] = run_id
+        self.arrival_s[actor] = time.monotonic()
+        seq = int(self.request_seq[actor]) + 1
+        self.request_seq[actor] = seq
+        return seq
+
+    def answered(self, actor: int, seq: int) -> bool:
+        return int(self.reply_seq[actor]) == seq
+
+    def close(self) -> None:
+        for name, _, _ in self.layout.fields():
+            setattr(self, name, None)
+        try:
+            self._map.close()
+        except BufferError:  # a view is still alive somewhere; the mapping goes with the process
+            pass
+
+    def unlink(self) -> None:
+        if self.owner:
+            _unlink_quietly(self.layout.path)

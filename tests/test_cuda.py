@@ -1,0 +1,115 @@
+"""GPU checks: CUDA-graph inference equals eager inference; a training step on CUDA equals one on the CPU.
+
+Skipped without a CUDA device (the CPU suite covers the same code paths eagerly).
+"""
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from seed.learner_main import resolve_config
+from seed.unroll import TrainingBatch, Unroll
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() "
+                                                                       "is False)")
+
+
+def _agent(agent_name: str, **overrides):
+    from seed.agents import agent_module
+    from seed.envs import make_spec
+
+    config = resolve_config(dict(agent=agent_name, env="fake:atari", num_actors=4, envs_per_actor=4, network="nature",
+                                 use_lstm=True, lstm_size=64, unroll_length=6, burn_in=2 if agent_name == "r2d2" else 0,
+                                 batch_size=4, **overrides))
+    spec = make_spec("fake:atari")
+    return agent_module(agent_name).Agent(spec, config), spec, config
+
+
+@pytest.fixture(autouse=True)
+def exact_float32():
+    """TF32 would make CPU/GPU and graph/eager comparisons loose; these checks compare float32 math."""
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_graphed_inference_matches_eager_actions_and_state():
+    from seed.policy import EagerPolicy, GraphedPolicy, PolicyInputs
+    from seed.state_table import StateTable
+
+    device = torch.device("cuda:0")
+    agent, spec, config = _agent("r2d2")
+    agent.epsilons = torch.zeros(config.num_envs)  # greedy: actions are a function of the Q-values alone
+    network = copy.deepcopy(agent.network).to(device).eval()
+    tables = [StateTable(agent.initial_state, config.num_envs, device) for _ in range(2)]
+    eager = EagerPolicy(agent, network, tables[0], device)
+    graphed = GraphedPolicy(agent, network, tables[1], device, config.envs_per_actor)
+    rng = np.random.default_rng(0)
+    for step in range(12):
+        actors = rng.choice(config.num_actors, size=rng.integers(1, config.num_actors + 1), replace=False)
+        env_ids = (actors[:, None] * config.envs_per_actor + np.arange(config.envs_per_actor)).reshape(-1)
+        b = len(env_ids)
+        inputs = PolicyInputs(
+            observation=torch.from_numpy(rng.integers(0, 256, (b, *spec.observation_shape), dtype=np.uint8)),
+            env_ids=torch.from_numpy(env_ids), prev_action=torch.from_numpy(rng.integers(0, spec.num_actions, b)),
+            reward=torch.from_numpy(rng.normal(size=b).astype(np.float32)),
+            done=torch.from_numpy(rng.random(b) < 0.2 if step else np.ones(b, bool)))
+        a_eager, out_eager, _ = eager(inputs)
+        a_graph, out_graph, _ = graphed(inputs)
+        torch.testing.assert_close(out_graph["q_values"], out_eager["q_values"], rtol=1e-5, atol=1e-5)
+        assert torch.equal(a_graph, a_eager), f"step {step}"
+    for key in tables[0].agent_state:
+        real = slice(0, config.num_envs)  # the scratch row differs by design (padding writes there)
+        torch.testing.assert_close(tables[1].agent_state[key][real], tables[0].agent_state[key][real],
+                                   rtol=1e-5, atol=1e-5)
+    assert len(graphed.graphs) >= 2  # several padded sizes were captured and replayed
+
+
+def _random_batch(spec, config, agent_name: str, rng) -> Unroll:
+    length = config.burn_in + config.unroll_length + 1
+    b = config.batch_size
+    steps = {
+        "observation": torch.from_numpy(rng.integers(0, 256, (length, b, *spec.observation_shape), dtype=np.uint8)),
+        "reward": torch.from_numpy(rng.normal(size=(length, b)).astype(np.float32)),
+        "done": torch.from_numpy(rng.random((length, b)) < 0.1),
+        "truncated": torch.zeros(length, b, dtype=torch.bool),
+        "prev_action": torch.from_numpy(rng.integers(0, spec.num_actions, (length, b))),
+        "action": torch.from_numpy(rng.integers(0, spec.num_actions, (length, b))),
+        "valid": torch.ones(length, b, dtype=torch.bool),
+    }
+    outputs = torch.from_numpy(rng.normal(size=(length, b, spec.num_actions)).astype(np.float32))
+    steps["q_values" if agent_name == "r2d2" else "policy_logits"] = outputs
+    return steps
+
+
+@pytest.mark.parametrize("agent_name", ["vtrace", "r2d2"])
+def test_training_step_on_cuda_matches_cpu(agent_name):
+    cpu_agent, spec, config = _agent(agent_name)
+    gpu_agent = copy.deepcopy(cpu_agent).to(torch.device("cuda:0"))
+    rng = np.random.default_rng(1)
+    steps = _random_batch(spec, config, agent_name, rng)
+    state = {k: torch.from_numpy(rng.normal(size=v.shape).astype(np.float32)) if v.is_floating_point() else v
+             for k, v in cpu_agent.initial_state(config.batch_size).items()}
+    unrolls = Unroll(steps, state, torch.arange(config.batch_size))
+    weights = torch.ones(config.batch_size) if agent_name == "r2d2" else None
+    results = []
+    for agent, device in ((cpu_agent, "cpu"), (gpu_agent, "cuda:0")):
+        batch = TrainingBatch(unrolls.to(device), None if weights is None else weights.to(device))
+        # Plain SGD: the update is proportional to the gradient (Adam's first step is sign(grad) and would
+        # amplify rounding differences of near-zero gradients).
+        optimizer = torch.optim.SGD(agent.network.parameters(), lr=0.1)
+        out = agent.loss(batch)
+        optimizer.zero_grad()
+        out.loss.backward()
+        grads = [p.grad.detach().cpu() for p in agent.network.parameters()]
+        optimizer.step()
+        results.append((out.loss.item(), grads, [p.detach().cpu() for p in agent.network.parameters()]))
+    (cpu_loss, cpu_grads, cpu_params), (gpu_loss, gpu_grads, gpu_params) = results
+    assert gpu_loss == pytest.approx(cpu_loss, rel=1e-4, abs=1e-5)
+    for cpu_grad, gpu_grad in zip(cpu_grads, gpu_grads, strict=True):
+        torch.testing.assert_close(gpu_grad, cpu_grad, rtol=1e-3, atol=1e-5)
+    for cpu_param, gpu_param in zip(cpu_params, gpu_params, strict=True):
+        torch.testing.assert_close(gpu_param, cpu_param, rtol=1e-4, atol=1e-5)

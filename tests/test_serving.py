@@ -1,0 +1,236 @@
+"""The serving path without actors: the step slab, request batching over real pipes, batch assembly in central
+inference (rows of several actors, a replaced actor, a failing batch) and the slab service over real gRPC."""
+
+import os
+import threading
+import time
+
+import grpc
+import numpy as np
+import pytest
+import torch
+
+from seed import wire
+from seed._proto import seed_pb2, seed_pb2_grpc
+from seed.envs import make_spec
+from seed.learner import Learner
+from seed.learner_main import resolve_config
+from seed.serving import notify
+from seed.serving.service import SlabService
+from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
+from seed.transport import start_grpc_server
+from tests.conftest import serve_steps
+
+K = 4
+
+
+def _step(actor, run_id=1, reward=1.0, done=False, observation=None):
+    observation = np.full((K, 8), float(actor), np.float32) if observation is None else observation
+    return (actor, run_id, observation, np.full(K, reward, np.float32), np.full(K, done), np.zeros(K, bool))
+
+
+@pytest.fixture
+def slab():
+    slab = StepSlab.create(num_actors=3, envs_per_actor=K, observation_shape=(8,), observation_dtype="float32")
+    yield slab
+    slab.unlink()
+
+
+@pytest.fixture
+def learner(tmp_path):
+    config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",
+                                 num_actors=3, envs_per_actor=K, use_lstm=True, lstm_size=8, mlp_sizes="16",
+                                 unroll_length=2, torch_threads=1))
+    learner = Learner(config)
+    learner.slab.live_run[:] = 1
+    learner.unrolls = []
+    learner.replies = []
+    learner.inference.sink = learner.unrolls.extend
+    learner.inference.reply = learner.replies.append
+    yield learner
+    learner._close()
+
+
+def test_slab_layout_is_shared_between_mappings(slab):
+    other = StepSlab.attach(slab.layout)
+    seq = slab.write_request(1, 77, np.arange(K * 8, dtype=np.float32).reshape(K, 8), np.ones(K, np.float32),
+                             np.array([True, False, False, True]), np.zeros(K, bool))
+    assert seq == 1 and int(other.request_seq[1]) == 1 and int(other.request_run[1]) == 77
+    np.testing.assert_array_equal(other.observation[K:2 * K], slab.observation[K:2 * K])
+    assert other.done[K:2 * K].tolist() == [True, False, False, True]
+    assert not other.observation[:K].any() and not other.observation[2 * K:].any()  # other actors' rows untouched
+    other.action[K:2 * K] = [3, 2, 1, 0]
+    assert slab.action[K:2 * K].tolist() == [3, 2, 1, 0]
+    other.close()
+
+
+def test_batcher_takes_a_full_batch_without_waiting_for_the_timeout(slab):
+    read_fd, write_fd = os.pipe()
+    batcher = notify.RequestBatcher(read_fd, slab, batch_rows=2 * K, timeout_s=30.0)
+    for actor in (2, 0, 1):
+        notify.send_request(write_fd, actor, slab.write_request(actor, 1, *_step(actor)[2:]))
+    start = time.monotonic()
+    actors, seqs = batcher.next_batch(1.0)
+    assert actors.tolist() == [2, 0] and seqs.tolist() == [1, 1]  # arrival order; the third waits
+    assert time.monotonic() - start < 5.0
+    actors, _ = batcher.next_batch(0.0)  # the surplus request starts the next batch (timeout from its arrival)
+    assert actors.tolist() == [1]
+    os.close(read_fd), os.close(write_fd)
+
+
+def test_batcher_flushes_a_partial_batch_at_the_timeout(slab):
+    read_fd, write_fd = os.pipe()
+    batcher = notify.RequestBatcher(read_fd, slab, batch_rows=64, timeout_s=0.05)
+    notify.send_request(write_fd, 0, slab.write_request(0, 1, *_step(0)[2:]))
+    actors, _ = batcher.next_batch(1.0)
+    assert actors.tolist() == [0]
+    assert time.monotonic() - float(slab.arrival_s[0]) >= 0.05 - 1e-3
+    assert batcher.next_batch(0.05) is None  # nothing waiting
+    os.close(read_fd), os.close(write_fd)
+
+
+def test_rows_from_several_actors_are_served_in_one_batch(learner):
+    inference = learner.inference
+    replies = serve_steps(inference, [_step(2), _step(0)])
+    assert {a: s for a, (s, _) in replies.items()} == {2: REPLY_OK, 0: REPLY_OK}
+    assert [r.tolist() for r in learner.replies] == [[2, 0]]  # one reply notification for the batch
+    num_actions = learner.spec.num_actions
+    for actor, (_, actions) in replies.items():
+        assert ((actions >= 0) & (actions < num_actions)).all()
+        np.testing.assert_array_equal(inference.prev_action[actor * K:(actor + 1) * K], actions)
+    # Actor 1 sent nothing: its rows were neither served nor given state.
+    assert inference.actor_run.tolist() == [1, 0, 1]
+    assert inference.unroll_store.write_index[K:2 * K].tolist() == [0] * K
+    write_index = inference.unroll_store.write_index
+    assert (write_index[:K] == 1).all() and (write_index[2 * K:] == 1).all()
+    # The step went into the unroll store with the actor's own observation rows.
+    observation = inference.unroll_store.steps["observation"]
+    assert (observation[2 * K:3 * K, 0] == 2.0).all() and (observation[:K, 0] == 0.0).all()
+
+
+def test_actor_replaced_while_its_request_waits_gets_stale_and_fresh_rows(learner):
+    inference = learner.inference
+    for _ in range(2):  # both actors step twice: their rows have state and partial unrolls
+        serve_steps(inference, [_step(0), _step(1)])
+    assert (inference.unroll_store.write_index[:2 * K] == 2).all()
+    # Actor 1's request is in its slot when its restarted process handshakes (run 2).
+    slab = learner.slab
+    old_seq = slab.write_request(1, 1, *_step(1)[2:])
+    slab.live_run[1] = 2
+    survivor_seq = slab.write_request(0, 1, *_step(0)[2:])
+    inference.run_batch(np.array([1, 0]), np.array([old_seq, survivor_seq]))
+    assert int(slab.reply_status[1]) == REPLY_STALE and int(slab.reply_seq[1]) == old_seq
+    assert int(slab.reply_status[0]) == REPLY_OK
+    assert inference.unroll_store.write_index[K:2 * K].tolist() == [2] * K  # untouched by the stale request
+    # The new run's first step (the serving process sends it once the stale reply freed the slot).
+    replies = serve_steps(inference, [_step(1, run_id=2, reward=5.0)])
+    assert replies[1][0] == REPLY_OK
+    assert inference.actor_run.tolist() == [1, 2, 0]
+    assert (inference.unroll_store.write_index[K:2 * K] == 1).all()  # fresh rows: partial unroll discarded
+    # First contact of the new run is an episode start with reward 0.
+    assert inference.unroll_store.steps["done"][K:2 * K, 0].all()
+    assert (inference.unroll_store.steps["reward"][K:2 * K, 0] == 0).all()
+
+
+def test_outdated_notification_is_ignored(learner):
+    slab, inference = learner.slab, learner.inference
+    seq = slab.write_request(0, 1, *_step(0)[2:])
+    inference.run_batch(np.array([0, 0]), np.array([seq - 1, seq]))  # a leftover notification and the real one
+    assert [r.tolist() for r in learner.replies] == [[0]]
+    assert int(slab.reply_seq[0]) == seq
+
+
+def test_first_contact_is_an_episode_start_with_zero_reward(learner):
+    for _ in range(3):
+        serve_steps(learner.inference, [_step(0)])
+    first = learner.unrolls[0]
+    assert first.done.tolist() == [True, False, False]
+    assert first.reward.tolist() == [0.0, 1.0, 1.0]
+
+
+def test_failing_batch_fails_its_requests_and_the_next_batch_works(learner):
+    inference = learner.inference
+    act = inference.agent.act
+    inference.agent.act = lambda *a: (_ for _ in ()).throw(RuntimeError("boom"))
+    with pytest.raises(RuntimeError, match="boom"):
+        serve_steps(inference, [_step(0), _step(1)])
+    assert int(learner.slab.reply_status[0]) == REPLY_FAILED and int(learner.slab.reply_status[1]) == REPLY_FAILED
+    inference.agent.act = act
+    replies = serve_steps(inference, [_step(0), _step(1)])
+    assert all(status == REPLY_OK for status, _ in replies.values())
+
+
+class _FakeInference:
+    """Stands in for the learner's inference thread: answers every notified slot with action = actor index."""
+
+    def __init__(self, slab, request_fd, reply):
+        self.slab, self.served = slab, []
+        self.batcher = notify.RequestBatcher(request_fd, slab, 1, 0.0)
+        self.reply = reply
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, daemon=True)
+        self.thread.start()
+
+    def _loop(self):
+        while not self.stop.is_set():
+            batch = self.batcher.next_batch(0.05)
+            if batch is None:
+                continue
+            for actor, seq in zip(*batch, strict=True):
+                self.served.append(int(actor))
+                self.slab.action[self.slab.rows(actor)] = actor
+                self.slab.reply_status[actor] = REPLY_OK
+                self.slab.reply_seq[actor] = seq
+            self.reply(batch[0])
+
+
+def test_malformed_request_is_rejected_without_touching_the_slab(slab, tmp_path):
+    """The slab service over a real unix socket: good steps land in their rows; a malformed one ends its stream
+    with INVALID_ARGUMENT naming the field, writes no row and notifies nobody."""
+    spec = make_spec("fake:vector")
+    request_read, request_write = os.pipe()
+    stop = threading.Event()
+    service = SlabService(spec, slab, [request_write], lambda returns: None, stop)
+    fake = _FakeInference(slab, request_read, service.wake)
+    server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
+
+    def handshake(actor):
+        return seed_pb2.ActorMessage(handshake=seed_pb2.Handshake(actor_index=actor, run_id=5, num_envs=K,
+                                                                   spec=wire.spec_to_proto(spec)))
+
+    def step(observation):
+        return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
+            observation=wire.encode_tensor(observation), reward=wire.encode_tensor(np.ones(K, np.float32)),
+            done=wire.encode_tensor(np.zeros(K, bool)), truncated=wire.encode_tensor(np.zeros(K, bool))))
+
+    try:
+        with grpc.insecure_channel(address) as channel:
+            stub = seed_pb2_grpc.LearnerStub(channel)
+            replies = list(stub.Stream(iter([handshake(2), step(np.full((K, 8), 7.0, np.float32))])))
+            assert replies[1].actions.action.shape == [K]
+            assert wire.decode_tensor(replies[1].actions.action, "a", "int32", (K,)).tolist() == [2] * K
+            assert (slab.observation[2 * K:] == 7.0).all() and int(slab.live_run[2]) == 5
+            before = slab.observation.copy()
+            with pytest.raises(grpc.RpcError) as caught:
+                list(stub.Stream(iter([handshake(1), step(np.zeros((K, 9), np.float32))])))
+            assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "step.observation.shape: got [4, 9], expected [4, 8]" in caught.value.details()
+            np.testing.assert_array_equal(slab.observation, before)
+            assert int(slab.request_seq[1]) == 0 and fake.served == [2]
+    finally:
+        stop.set()
+        fake.stop.set()
+        fake.thread.join(timeout=5)
+        server.stop(0)
+        os.close(request_read), os.close(request_write)
+
+
+def test_publish_reaches_the_inference_network_between_batches(learner):
+    inference = learner.inference
+    trained = {k: v + 1.0 if v.is_floating_point() else v for k, v in learner.agent.network.state_dict().items()}
+    inference.publish(trained)
+    before = {k: v.clone() for k, v in inference.network.state_dict().items()}
+    serve_steps(inference, [_step(0)])
+    after = inference.network.state_dict()
+    assert any(not torch.equal(before[k], after[k]) for k in after)
+    assert all(torch.equal(after[k], trained[k]) for k in after)
