@@ -86,7 +86,7 @@ class Learner:
                 agent=self.agent, network=copy.deepcopy(self.agent.network).to(device).eval(), device=device,
                 slab=self.slab, unroll_length=config.unroll_length, burn_in=config.burn_in, reply=reply,
                 sink=self.sink.put, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch,
-                cuda_graphs=config.cuda_graphs)
+                on_timing=self.metrics.record_values, cuda_graphs=config.cuda_graphs)
             for device in self.inference_devices
         ]
         self.batchers = [RequestBatcher(read_fd, self.slab, config.inference_batch_size,
@@ -132,9 +132,11 @@ class Learner:
     def _serve_inference(self, inference: CentralInference, batcher: RequestBatcher) -> None:
         """One inference device's loop: batches of ready slots until the learner stops."""
         while not self.stop_event.is_set():
+            start = time.perf_counter()
             batch = batcher.next_batch(0.1)
             if batch is None:
                 continue
+            self.metrics.record_value("inference/wait_ms", (time.perf_counter() - start) * 1e3)
             try:
                 inference.run_batch(*batch)
             except Exception:  # one bad batch must not stop inference for everyone (its actors got FAILED)

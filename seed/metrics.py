@@ -70,6 +70,12 @@ class LearnerMetrics:
             for key, value in values.items():
                 self._train.setdefault(key, []).append(value)
 
+    def record_values(self, values: dict[str, float]) -> None:
+        """Samples averaged over the window (e.g. the inference loop's time per stage)."""
+        with self._lock:
+            for key, value in values.items():
+                self._train.setdefault(key, []).append(value)
+
     def record_value(self, key: str, value: float) -> None:
         """A training-side sample averaged over the window (e.g. replay statistics)."""
         with self._lock:

@@ -95,16 +95,19 @@ class UnrollStore:
         return self._emit(torch.from_numpy(full)) if len(full) else []
 
     def _emit(self, env_ids: torch.Tensor) -> list[Unroll]:
-        steps = {k: v[env_ids] for k, v in self.steps.items()}  # advanced indexing copies
+        ids = env_ids.numpy()
+        # NumPy gathers (one memcpy per row) rather than torch advanced indexing: cheaper for a few rows,
+        # and they never wake torch's intra-op thread pool on the inference thread.
+        steps = {k: torch.from_numpy(np.take(v, ids, axis=0)) for k, v in self._step_views.items()}
         state = {k: v[env_ids] for k, v in self.initial_state.items()}
         unrolls = [
             Unroll({k: v[i] for k, v in steps.items()}, {k: v[i] for k, v in state.items()}, env_ids[i])
-            for i in range(len(env_ids))
+            for i in range(len(ids))
         ]
         tail = slice(self.length - self.overlap, self.length)
-        for buffer in self.steps.values():
-            buffer[env_ids, : self.overlap] = buffer[env_ids, tail]
+        for view in self._step_views.values():
+            view[ids, : self.overlap] = view[ids, tail]
         for key in self.initial_state:
             self.initial_state[key][env_ids] = self._next_initial_state[key][env_ids]
-        self.write_index[env_ids] = self.overlap
+        self._write_index[ids] = self.overlap
         return unrolls
