@@ -28,6 +28,7 @@ the same from any directory and from a wheel install.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 
@@ -52,13 +53,15 @@ def _stem(path: str) -> str:
 def _define_bench_flags() -> None:
     define_flags(LearnerConfig)  # any learner flag overrides the named configuration
     flags.DEFINE_string("config", "", "Name of a configuration in --bench_configs (see --list).")
+    flags.DEFINE_string("name", "", "The result's name (its rows in seed-report), e.g. pong_vtrace_gpu for a "
+                                    "configuration run with overrides; default the --config name.")
     flags.DEFINE_string("bench_configs", DEFAULT_CONFIGS, "The YAML file of named configurations; default the "
                                                           "one shipped in the package (seed/bench/configs.yaml).")
     flags.DEFINE_bool("list", False, "List the named configurations and exit.")
     flags.DEFINE_float("duration_s", 0.0, "Seconds each run lasts once its actors start, warm-up included; "
                                           "0 = the configuration's duration_s (else 30).")
     flags.DEFINE_float("warmup_s", -1.0, "Seconds excluded from the rates at the start; -1 = 20% of the duration.")
-    flags.DEFINE_string("out", "", "Result JSON path; default bench_results/<config>.json under the directory "
+    flags.DEFINE_string("out", "", "Result JSON path; default bench_results/<name>.json under the directory "
                                    "seed-bench is started in.")
     flags.DEFINE_string("runs_dir", "bench_results/runs", "Where each run's logs, metrics and stats files go "
                                                           "(relative to the directory seed-bench is started in).")
@@ -92,11 +95,13 @@ def main(argv: list[str]) -> None:
         overrides = explicit_flags(LearnerConfig, FLAGS)
         setup, bench = build_setup(FLAGS.config, FLAGS.bench_configs, overrides, FLAGS.transport,
                                    FLAGS.switch_interval_ms)
+        name = FLAGS.name or FLAGS.config
+        setup = dataclasses.replace(setup, name=name)
         duration = FLAGS.duration_s or float(bench.get("duration_s", 30))
         warmup = FLAGS.warmup_s if FLAGS.warmup_s >= 0 else 0.2 * duration
         if not 0 <= warmup < duration - 1:
             raise BenchError(f"--warmup_s: got {warmup}, expected 0 <= warmup_s < duration_s - 1 ({duration})")
-        out = os.path.abspath(FLAGS.out or os.path.join("bench_results", f"{FLAGS.config}.json"))
+        out = os.path.abspath(FLAGS.out or os.path.join("bench_results", f"{name}.json"))
         runs_dir = os.path.abspath(FLAGS.runs_dir)
         baselines = [b for b in BASELINES if b in FLAGS.baselines]
         if not FLAGS.sweep:
@@ -122,9 +127,9 @@ def main(argv: list[str]) -> None:
             points.append({"value": value, "result": result})
         table = sweep_table(FLAGS.sweep, points)
         c = setup.config
-        title = (f"{FLAGS.config}: {c.agent} on {c.env}, sweep {FLAGS.sweep}; {os.cpu_count()} CPU cores, "
+        title = (f"{name}: {c.agent} on {c.env}, sweep {FLAGS.sweep}; {os.cpu_count()} CPU cores, "
                  f"{c.inference_device}/{c.training_device}")
-        write_json(out, {"schema": SCHEMA + "-sweep", "name": FLAGS.config, "sweep": FLAGS.sweep,
+        write_json(out, {"schema": SCHEMA + "-sweep", "name": name, "sweep": FLAGS.sweep,
                          "values": values, "title": title, "points": points})
         with open(f"{stem}.md", "w") as f:
             f.write(f"{title}\n\n{table}\n")
