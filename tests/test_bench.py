@@ -14,7 +14,7 @@ import torch
 
 from seed.bench import configs, jobs, measure, results, sweep
 from seed.bench.actor_side import pack_tensors, unpack_tensors, unpack_unrolls
-from tests.conftest import wait_for
+from tests.conftest import REPO, wait_for
 
 SMOKE_FLAGS = ["--config=fake_mlp", "--num_actors=2", "--envs_per_actor=8", "--batch_size=4",
                "--duration_s=4", "--warmup_s=1", "--noprogress"]
@@ -202,3 +202,25 @@ def test_cli_errors_are_one_line(tmp_path):
                                cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1 and "--baselines" in completed.stderr
     assert time.monotonic() - started < 30
+
+
+def test_gpu_check_script_names_shipped_configurations(tmp_path):
+    script = os.path.join(REPO, "launch", "gpu_check.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    completed = subprocess.run([script, "--dry_run", "--out_dir=gpu", "--", "--duration_s=60"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    commands = [line[2:].split() for line in completed.stderr.splitlines() if line.startswith("+ ")]
+    assert [c[0] for c in commands] == ["seed-bench"] * 4 + ["seed-report"]
+    named = configs.load_bench_configs(configs.DEFAULT_CONFIGS)
+    out_dir = str(tmp_path / "gpu")
+    for command in commands[:4]:
+        args = dict(a[2:].split("=", 1) for a in command[1:] if "=" in a)
+        assert args["config"] in named and args["out"] == f"{out_dir}/{args['name']}.json"
+        assert args["runs_dir"] == f"{out_dir}/runs" and args["duration_s"] == "60"
+    by_name = {dict(a[2:].split("=", 1) for a in c[1:] if "=" in a)["name"]: c for c in commands[:4]}
+    assert "--baselines=actor_side" in by_name["pong_vtrace_gpu"] and "--training_device=cuda:0" in by_name[
+        "pong_vtrace_gpu"]
+    assert "--baselines=transport" in by_name["fake_atari_gpu"]
+    assert "--pricing=current" in commands[4] and "--compare_pricing=paper" in commands[4]
+    assert not os.path.exists(out_dir)  # a dry run writes nothing

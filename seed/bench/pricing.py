@@ -40,6 +40,7 @@ class Pricing:
     source: str = ""  # where the prices come from, as the file says
     as_of: str = ""  # the date the prices are from, as the file says
     currency: str = "USD"
+    shown_path: str = ""  # how reports name the file: seed/bench/<file> for a shipped table, else `path`
 
     def describe(self) -> str:
         """One line for reports: which table, its source and date."""
@@ -85,7 +86,7 @@ def load_pricing(path: str, name: str | None = None) -> Pricing:
         raise PricingError(f"{path}: accelerators: expected a mapping of device name to price per hour")
     prices = {str(key): _price(value, f"accelerators.{key}", path) for key, value in accelerators.items()}
     return Pricing(_price(data["cpu_core"], "cpu_core", path), prices, path, name or str(data.get("name") or path),
-                   str(data.get("source", "")), str(data.get("as_of", "")), str(data.get("currency", "USD")))
+                   str(data.get("source", "")), str(data.get("as_of", "")), str(data.get("currency", "USD")), path)
 
 
 def table_path(name: str) -> str:
@@ -96,5 +97,5 @@ def table_path(name: str) -> str:
 def resolve_pricing(value: str) -> Pricing:
     """--pricing: "current", "paper" (the shipped tables) or the path of a YAML file."""
     if value in TABLES:
-        return load_pricing(table_path(value), value)
+        return dataclasses.replace(load_pricing(table_path(value), value), shown_path=f"seed/bench/{TABLES[value]}")
     return load_pricing(value, value)

@@ -127,14 +127,15 @@ def _money(pricing: Pricing) -> str:
 def _prices_line(pricing: Pricing) -> str:
     money = _money(pricing)
     prices = [f"cpu core {money}{pricing.cpu_core}/h"] + [f"{k} {money}{v}/h" for k, v in pricing.accelerators.items()]
-    return f"{pricing.describe()}, {pricing.path}: {', '.join(prices)}"
+    return f"{pricing.describe()}, {pricing.shown_path}: {', '.join(prices)}"
 
 
 def markdown_table(rows: list[Row], pricing: Pricing, baseline: str, compare: tuple[Pricing, ...] = ()) -> str:
     """The report table: one row per configuration, costs under `pricing` and a column per `compare` table."""
     money = _money(pricing)
     extra = "".join(f" cost per 1B frames ({other.name} prices) |" for other in compare)
-    lines = [f"| configuration | accelerators | actors | CPUs | envs | FPS | cost/hour | cost per 1B frames |{extra} "
+    lines = [f"| configuration | accelerators | actors | CPUs | envs | FPS | cost/hour | cost per 1B frames "
+             f"({pricing.name} prices) |{extra} "
              f"FPS ratio to {baseline} |",
              "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(compare) + "---:|"]
     unpriced: dict[str, set[str]] = {}
