@@ -85,7 +85,9 @@ def installed(tmp_path_factory):
     wheels = list(dist.glob("seed_rl_torch-*.whl"))
     assert len(wheels) == 1, os.listdir(dist)
     venv = root / "venv"
-    run([sys.executable, "-m", "venv", "--system-site-packages", venv], cwd=str(root), timeout=120)
+    # --without-pip: no ensurepip needed (Debian's python3 lacks it without python3-venv); the system's pip is
+    # visible through --system-site-packages and installs into the venv when the venv's python runs it.
+    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], cwd=str(root), timeout=120)
     bin_dir = venv / "bin"
     # --ignore-installed: an editable seed-rl-torch on the system site must neither satisfy nor be uninstalled.
     run([bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "--quiet",
