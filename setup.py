@@ -10,6 +10,7 @@ The gRPC stubs are generated from protos/seed.proto at build/install time with t
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
@@ -33,8 +34,12 @@ def generate_stubs() -> None:
 
 
 class BuildPyWithStubs(build_py):
+    """Generates the stubs, then copies the packages into a fresh build/lib/seed: a stale copy of a module that
+    was moved or deleted in the sources (build/ survives between `pip install .` runs) must not reach the wheel."""
+
     def run(self):
         generate_stubs()
+        shutil.rmtree(os.path.join(self.build_lib, "seed"), ignore_errors=True)
         super().run()
 
 
