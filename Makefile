@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # SKIP_FOOTBALL=1 runs the suite without building gfootball (its tests then skip with the reason).
 SKIP_FOOTBALL ?=
 
-.PHONY: install football run test test-fast lint bench clean
+.PHONY: install football run test test-fast lint gpu-check clean
 
 install: .install-stamp
 
@@ -33,8 +33,12 @@ test: install $(if $(SKIP_FOOTBALL),,football)
 test-fast: install
 	$(PYTHON) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests
 
+# The GPU rows of the performance tables (needs one CUDA GPU and a CUDA torch): ARGS="--out_dir=DIR" etc.
+gpu-check: install
+	launch/gpu_check.sh $(ARGS)
+
 lint: install
 	$(PYTHON) -m ruff check .
 
 clean:
-	rm -rf .install-stamp seed/_proto build *.egg-info .pytest_cache
+	rm -rf .install-stamp seed/_proto build dist *.egg-info .pytest_cache

@@ -1,14 +1,20 @@
 """Packaging for SEED RL for PyTorch.
 
+Layout: seed/ installs as `seed`, while agents/ and envs/ (at the repository root) install as `seed.agents` and
+`seed.envs`. Packages are found automatically under each of the three roots, so a new subpackage (like
+seed.agents.r2d2 or seed.bench) is always in the wheel; tests/test_wheel.py builds one and checks that every
+module of the source tree is in it. Data files ship as package data (PACKAGE_DATA).
+
 The gRPC stubs are generated from protos/seed.proto at build/install time with the installed grpcio-tools
 (`python setup.py build_py`, `pip install .` and `pip install -e .` all run it); they are never committed.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 
-from setuptools import setup
+from setuptools import find_packages, setup
 from setuptools.command.build_py import build_py
 
 ROOT = os.path.dirname(os.path.abspath(__file__))
@@ -28,9 +34,28 @@ def generate_stubs() -> None:
 
 
 class BuildPyWithStubs(build_py):
+    """Generates the stubs, then copies the packages into a fresh build/lib/seed: a stale copy of a module that
+    was moved or deleted in the sources (build/ survives between `pip install .` runs) must not reach the wheel."""
+
     def run(self):
         generate_stubs()
+        shutil.rmtree(os.path.join(self.build_lib, "seed"), ignore_errors=True)
         super().run()
+
+
+# Import package -> source directory. Every package below a root is found by find_packages.
+PACKAGE_ROOTS = {"seed": "seed", "seed.agents": "agents", "seed.envs": "envs"}
+# Non-Python files read at run time (through importlib.resources, never through a path into the source tree).
+PACKAGE_DATA = {"seed.envs": ["atari57_scores.csv"], "seed.bench": ["*.yaml"]}
+
+
+def find_all_packages() -> list[str]:
+    """Every package under every root of PACKAGE_ROOTS, named as installed (e.g. agents/r2d2 -> seed.agents.r2d2)."""
+    packages = []
+    for name, directory in PACKAGE_ROOTS.items():
+        packages.append(name)
+        packages.extend(f"{name}.{sub}" for sub in find_packages(os.path.join(ROOT, directory)))
+    return sorted(packages)
 
 
 # Metadata and editable installs need the seed._proto package to exist before build_py runs.
@@ -41,10 +66,9 @@ setup(
     version="0.1.0",
     description="Scalable RL with central inference (SEED RL) in PyTorch: V-trace and R2D2",
     python_requires=">=3.10",
-    packages=["seed", "seed._proto", "seed.agents", "seed.agents.vtrace", "seed.agents.r2d2", "seed.envs",
-              "seed.serving"],
-    package_dir={"seed": "seed", "seed.agents": "agents", "seed.envs": "envs"},
-    package_data={"seed.envs": ["atari57_scores.csv"]},
+    packages=find_all_packages(),
+    package_dir=PACKAGE_ROOTS,
+    package_data=PACKAGE_DATA,
     cmdclass={"build_py": BuildPyWithStubs},
     install_requires=[
         "torch>=2.1",
@@ -57,6 +81,7 @@ setup(
         "absl-py",
         "tensorboard",
         "matplotlib",
+        "pyyaml",  # seed-bench configurations and seed-report price tables
     ],
     extras_require={
         "atari": ["ale-py>=0.12", "opencv-python-headless"],
@@ -67,8 +92,8 @@ setup(
         "console_scripts": [
             "seed-learner=seed.learner_main:run",
             "seed-actor=seed.actor_main:run",
-            "seed-bench=seed.bench:run",
-            "seed-report=seed.report:run",
+            "seed-bench=seed.bench.cli:run",
+            "seed-report=seed.bench.report:run",
         ]
     },
 )

@@ -1,7 +1,7 @@
 """Environment contracts shared by every env family.
 
 An actor process owns one `EnvBatch` of K environments. It steps them together, resets finished ones at
-once and reports, per env, the SEED step semantics (see DESIGN.md):
+once and reports, per env, the SEED step semantics (see docs/ARCHITECTURE.md):
 
 - `done[k] = True`: the reward is the last reward of the old episode and the observation is the first
   observation of the new episode (the env was reset in the same step).

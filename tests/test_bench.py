@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
-from seed import bench, bench_measure
-from seed.actor_side_inference import pack_tensors, unpack_tensors, unpack_unrolls
+from seed.bench import configs, jobs, measure, results, sweep
+from seed.bench.actor_side import pack_tensors, unpack_tensors, unpack_unrolls
 from tests.conftest import REPO, wait_for
 
 SMOKE_FLAGS = ["--config=fake_mlp", "--num_actors=2", "--envs_per_actor=8", "--batch_size=4",
@@ -22,19 +22,20 @@ SMOKE_FLAGS = ["--config=fake_mlp", "--num_actors=2", "--envs_per_actor=8", "--b
 
 @pytest.fixture(scope="module")
 def smoke_result(tmp_path_factory):
+    # Started outside the repository with relative --out and --runs_dir: both resolve against this directory,
+    # and the processes seed-bench starts get absolute paths only.
     out_dir = tmp_path_factory.mktemp("bench")
-    out = out_dir / "result.json"
     completed = subprocess.run(
-        [sys.executable, "-m", "seed.bench", *SMOKE_FLAGS, f"--out={out}", f"--runs_dir={out_dir / 'runs'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+        [sys.executable, "-m", "seed.bench", *SMOKE_FLAGS, "--out=result.json", "--runs_dir=runs"],
+        cwd=out_dir, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    with open(out) as f:
-        return json.load(f), completed.stdout
+    with open(out_dir / "result.json") as f:
+        return json.load(f), completed.stdout, out_dir
 
 
 def test_smoke_run_writes_every_key_with_positive_rates(smoke_result):
-    result, stdout = smoke_result
-    missing = [key for key in bench.REQUIRED_RESULT_KEYS if key not in result]
+    result, stdout, out_dir = smoke_result
+    missing = [key for key in results.REQUIRED_RESULT_KEYS if key not in result]
     assert not missing, missing
     framework = result["framework"]
     for key in ("env_frames_per_sec", "env_frames_per_sec_learner", "agent_steps_per_sec",
@@ -56,13 +57,20 @@ def test_smoke_run_writes_every_key_with_positive_rates(smoke_result):
         assert key in config, key
     assert result["baselines"] == {"actor_side": None, "transport": None}
     assert "| framework |" in stdout
+    # Every file of the run is under the --runs_dir given relative to where seed-bench started.
+    run_dir = framework["run_dir"]
+    assert os.path.isabs(run_dir) and run_dir.startswith(str(out_dir / "runs") + os.sep)
+    assert sorted(os.listdir(run_dir)) == ["actor0.log", "actor0.stats.jsonl", "actor1.log", "actor1.stats.jsonl",
+                                           "learner", "server.log"]
+    assert os.path.getsize(os.path.join(run_dir, "learner", "metrics.jsonl")) > 0
+    assert f"wrote {out_dir / 'result.json'}" in stdout
 
 
 def test_transport_ceiling_answers_real_actor_with_zero_actions(tmp_path):
     from seed.actor import Actor, ConfigurationError
+    from seed.bench.transport_ceiling import serve
     from seed.config import ActorConfig
     from seed.envs import make_spec
-    from seed.transport_ceiling import serve
 
     address = f"unix:{tmp_path}/ceiling.sock"
     server, service = serve([address], make_spec("fake:vector"), envs_per_actor=16)
@@ -73,10 +81,10 @@ def test_transport_ceiling_answers_real_actor_with_zero_actions(tmp_path):
         actor = Actor(config)
         thread = threading.Thread(target=actor.run, daemon=True)
         thread.start()
-        wait_for(lambda: len(bench_measure.read_jsonl(str(stats))) >= 3, 30, "three stats rows")
+        wait_for(lambda: len(measure.read_jsonl(str(stats))) >= 3, 30, "three stats rows")
         actor.request_stop()
         thread.join(timeout=10)
-        rows = bench_measure.read_jsonl(str(stats))
+        rows = measure.read_jsonl(str(stats))
         assert rows[-1]["final"] and rows[-1]["agent_steps"] > 0
         assert rows[-1]["agent_steps"] == 16 * rows[-1]["round_trips"]
         assert service.steps >= rows[-1]["round_trips"] - 1
@@ -89,10 +97,10 @@ def test_transport_ceiling_answers_real_actor_with_zero_actions(tmp_path):
 
 
 def test_actor_side_baseline_measures_frames(tmp_path):
-    setup, _ = bench.build_setup("fake_mlp", bench.DEFAULT_CONFIGS,
-                                 {"num_actors": 1, "envs_per_actor": 8, "batch_size": 4})
-    job = bench.actor_side_job(setup, str(tmp_path / "actor_side"), duration_s=4)
-    result = bench.measure(job, duration_s=4, warmup_s=1, progress=False)
+    setup, _ = configs.build_setup("fake_mlp", configs.DEFAULT_CONFIGS,
+                                   {"num_actors": 1, "envs_per_actor": 8, "batch_size": 4})
+    job = jobs.actor_side_job(setup, str(tmp_path / "actor_side"), duration_s=4)
+    result = measure.measure(job, duration_s=4, warmup_s=1, progress=False)
     assert result["env_frames_per_sec"] > 0
     assert result["env_frames_per_sec_learner"] is not None and result["env_frames_per_sec_learner"] > 0
     assert result["round_trip_latency_ms_p50"] > 0  # the actor's local inference time
@@ -108,7 +116,7 @@ def test_tensor_packing_round_trip():
 
 
 def test_unroll_packing_keeps_every_field():
-    from seed.actor_side_inference import pack_unrolls
+    from seed.bench.actor_side import pack_unrolls
     from seed.unroll import Unroll
 
     unrolls = [Unroll({"reward": torch.full((5,), float(i)), "observation": torch.zeros(5, 3, dtype=torch.uint8)},
@@ -126,67 +134,93 @@ def test_actor_window_interpolates_counts_and_weights_latency():
 
     rows = [row(0.0, 0, [], 0), row(1.0, 800, [1.0] * 10, 100), row(2.0, 1600, [3.0] * 10, 10),
             row(3.0, 2400, [5.0], 1)]
-    window = bench_measure.actor_window(rows, start=0.5, end=2.4)
+    window = measure.actor_window(rows, start=0.5, end=2.4)
     assert window["seconds"] == pytest.approx(1.9)
     assert window["agent_steps"] == pytest.approx(1520)  # interpolated: 1920 at 2.4 s minus 400 at 0.5 s
     assert window["env_frames"] == pytest.approx(4 * 1520)
     # Rows whose span centre is in the window: the ones written at 1.0 (centre 0.5) and 2.0 (centre 1.5).
     assert sorted(set(window["samples"])) == [1.0, 3.0]
-    p50, = bench_measure.weighted_percentiles(window["samples"], window["weights"], (50,))
+    p50, = measure.weighted_percentiles(window["samples"], window["weights"], (50,))
     assert p50 == 1.0  # the 1 ms window stands for 100 round trips, the 3 ms one for 10
-    assert bench_measure.actor_window(rows, start=5.0, end=6.0) is None
+    assert measure.actor_window(rows, start=5.0, end=6.0) is None
 
 
 def test_weighted_percentiles_match_numpy_for_equal_weights():
     samples = list(np.random.default_rng(0).exponential(size=1001))
-    p50, p99 = bench_measure.weighted_percentiles(samples, [1.0] * len(samples), (50, 99))
+    p50, p99 = measure.weighted_percentiles(samples, [1.0] * len(samples), (50, 99))
     assert p50 == pytest.approx(np.percentile(samples, 50), rel=0.01)
     assert p99 == pytest.approx(np.percentile(samples, 99), rel=0.05)
 
 
 def test_bench_configs_resolve_and_unknown_keys_are_named(tmp_path):
-    configs = bench.load_bench_configs(bench.DEFAULT_CONFIGS)
-    for name in ("fake_mlp", "cartpole", "pong_vtrace", "pong_r2d2", "r2d2_atari_gpu"):
-        assert name in configs
-    setup, extra = bench.build_setup("fake_mlp", bench.DEFAULT_CONFIGS, {"num_actors": 3})
+    named = configs.load_bench_configs(configs.DEFAULT_CONFIGS)
+    for name in ("fake_mlp", "fake_atari", "cartpole", "pong_vtrace", "pong_r2d2", "r2d2_atari_gpu"):
+        assert name in named
+    # The shipped file is package data next to the code, not a path into a source checkout's launch/.
+    assert configs.DEFAULT_CONFIGS == os.path.join(os.path.dirname(configs.__file__), "configs.yaml")
+    with pytest.raises(measure.BenchError, match=r"--bench_configs: got '/nonexistent.yaml', expected an existing"):
+        configs.load_bench_configs("/nonexistent.yaml")
+    setup, extra = configs.build_setup("fake_mlp", configs.DEFAULT_CONFIGS, {"num_actors": 3})
     assert setup.config.num_actors == 3 and setup.config.envs_per_actor == 64
     assert setup.config.env == "fake:vector" and extra["duration_s"] > 0
     path = tmp_path / "configs.yaml"
     path.write_text("broken:\n  env: fake:vector\n  num_actorz: 2\n")
-    with pytest.raises(bench.BenchError, match=r"configs.yaml.*num_actorz"):
-        bench.build_setup("broken", str(path), {})
-    with pytest.raises(bench.BenchError, match="expected one of"):
-        bench.build_setup("nope", bench.DEFAULT_CONFIGS, {})
-    with pytest.raises(bench.BenchError, match="logdir"):
-        bench.build_setup("fake_mlp", bench.DEFAULT_CONFIGS, {"logdir": "/tmp/x"})
+    with pytest.raises(measure.BenchError, match=r"configs.yaml.*num_actorz"):
+        configs.build_setup("broken", str(path), {})
+    with pytest.raises(measure.BenchError, match="expected one of"):
+        configs.build_setup("nope", configs.DEFAULT_CONFIGS, {})
+    with pytest.raises(measure.BenchError, match="logdir"):
+        configs.build_setup("fake_mlp", configs.DEFAULT_CONFIGS, {"logdir": "/tmp/x"})
 
 
 def test_network_width_sweep_scales_the_mlp():
-    setup, _ = bench.build_setup("fake_mlp", bench.DEFAULT_CONFIGS, {"mlp_sizes": "16,8"})
-    points = bench.sweep_setups(setup, "network_width", [1, 4])
+    setup, _ = configs.build_setup("fake_mlp", configs.DEFAULT_CONFIGS, {"mlp_sizes": "16,8"})
+    points = sweep.sweep_setups(setup, "network_width", [1, 4])
     assert [p.config.mlp_sizes for _, p in points] == ["16,8", "64,32"]
-    points = bench.sweep_setups(setup, "actors", [1, 2])
+    points = sweep.sweep_setups(setup, "actors", [1, 2])
     assert [p.config.num_actors for _, p in points] == [1, 2]
     assert points[1][1].name == "fake_mlp-actors2"
 
 
 def test_sweep_table_and_plot(smoke_result, tmp_path):
-    result, _ = smoke_result
+    result, _, _ = smoke_result
     points = [{"value": v, "result": result} for v in (1, 2)]
-    table = bench.sweep_table("actors", points)
+    table = sweep.sweep_table("actors", points)
     assert table.count("\n") == 3 and "| 2 |" in table
     path = tmp_path / "sweep.png"
-    bench.sweep_plot("actors", points, "test", str(path))
+    sweep.sweep_plot("actors", points, "test", str(path))
     assert path.stat().st_size > 1000
 
 
 def test_cli_errors_are_one_line(tmp_path):
     completed = subprocess.run([sys.executable, "-m", "seed.bench", "--config=nope", "--noprogress"],
-                               cwd=REPO, capture_output=True, text=True, timeout=60)
+                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1
     assert "seed-bench: --config: got 'nope'" in completed.stderr
     started = time.monotonic()
     completed = subprocess.run([sys.executable, "-m", "seed.bench", "--config=fake_mlp", "--baselines=foo"],
-                               cwd=REPO, capture_output=True, text=True, timeout=60)
+                               cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert completed.returncode == 1 and "--baselines" in completed.stderr
     assert time.monotonic() - started < 30
+
+
+def test_gpu_check_script_names_shipped_configurations(tmp_path):
+    script = os.path.join(REPO, "launch", "gpu_check.sh")
+    assert subprocess.run(["bash", "-n", script]).returncode == 0
+    completed = subprocess.run([script, "--dry_run", "--out_dir=gpu", "--", "--duration_s=60"], cwd=tmp_path,
+                               capture_output=True, text=True, timeout=60)
+    assert completed.returncode == 0, completed.stderr
+    commands = [line[2:].split() for line in completed.stderr.splitlines() if line.startswith("+ ")]
+    assert [c[0] for c in commands] == ["seed-bench"] * 4 + ["seed-report"]
+    named = configs.load_bench_configs(configs.DEFAULT_CONFIGS)
+    out_dir = str(tmp_path / "gpu")
+    for command in commands[:4]:
+        args = dict(a[2:].split("=", 1) for a in command[1:] if "=" in a)
+        assert args["config"] in named and args["out"] == f"{out_dir}/{args['name']}.json"
+        assert args["runs_dir"] == f"{out_dir}/runs" and args["duration_s"] == "60"
+    by_name = {dict(a[2:].split("=", 1) for a in c[1:] if "=" in a)["name"]: c for c in commands[:4]}
+    assert "--baselines=actor_side" in by_name["pong_vtrace_gpu"] and "--training_device=cuda:0" in by_name[
+        "pong_vtrace_gpu"]
+    assert "--baselines=transport" in by_name["fake_atari_gpu"]
+    assert "--pricing=current" in commands[4] and "--compare_pricing=paper" in commands[4]
+    assert not os.path.exists(out_dir)  # a dry run writes nothing

@@ -1,4 +1,5 @@
-"""seed-report: the cost arithmetic (paper Tables 4 and 5), pricing errors, and the CLI on a seed-bench result."""
+"""seed-report: the cost arithmetic (paper Tables 4 and 5), the shipped price tables (current and the paper's),
+device-name matching, pricing errors, and the CLI on a seed-bench result."""
 
 import json
 import os
@@ -7,18 +8,24 @@ import sys
 
 import pytest
 
-from seed import report
-from tests.conftest import REPO
+from seed.bench import pricing as prices
+from seed.bench import report
 
-PRICING = os.path.join(REPO, "launch", "pricing.yaml")
+PRICING = prices.table_path("paper")
+H100 = "NVIDIA H100 80GB HBM3"  # as nvidia-smi names it
 
 
 @pytest.fixture
 def pricing():
-    return report.load_pricing(PRICING)
+    return prices.resolve_pricing("paper")
 
 
-def test_shipped_prices_are_the_papers(pricing):
+@pytest.fixture
+def current():
+    return prices.resolve_pricing("current")
+
+
+def test_paper_table_has_the_papers_prices(pricing):
     assert pricing.cpu_core == 0.0475
     assert pricing.accelerator_price("P100") == 1.46
     assert pricing.accelerator_price("TPU v3 core") == 1.00
@@ -42,20 +49,21 @@ def test_cost_arithmetic_by_hand(pricing):
 
 
 def test_missing_device_price_names_the_device_and_the_file(pricing):
-    with pytest.raises(report.PricingError) as error:
+    with pytest.raises(prices.PricingError) as error:
         report.cost_per_hour(16, {"NVIDIA H100 80GB HBM3": 1}, pricing)
     message = str(error.value)
     assert "NVIDIA H100 80GB HBM3" in message and PRICING in message and "P100" in message
+    assert "paper price table" in message and "--pricing=current" in message
 
 
 def test_malformed_pricing_is_an_error(tmp_path):
     path = tmp_path / "pricing.yaml"
     path.write_text("accelerators:\n  P100: 1.46\n")
-    with pytest.raises(report.PricingError, match="cpu_core"):
-        report.load_pricing(str(path))
+    with pytest.raises(prices.PricingError, match="cpu_core"):
+        prices.load_pricing(str(path))
     path.write_text("cpu_core: 0.05\naccelerators:\n  P100: cheap\n")
-    with pytest.raises(report.PricingError, match="accelerators.P100"):
-        report.load_pricing(str(path))
+    with pytest.raises(prices.PricingError, match="accelerators.P100"):
+        prices.load_pricing(str(path))
 
 
 def _result(name, fps, cores=2, accelerators=None, baselines=None):
@@ -83,22 +91,86 @@ def test_rows_ratios_and_table(pricing, tmp_path):
         report.price_rows(rows, pricing, baseline="nope")
 
 
+def test_current_table_prices_todays_devices_by_their_driver_names(current):
+    assert current.name == "current" and current.as_of and "Google Cloud" in current.source
+    assert current.cpu_core == pytest.approx(0.0486)
+    expected = {H100: 11.06, "NVIDIA H100 PCIe": 11.06, "NVIDIA H200": 10.60, "NVIDIA A100-SXM4-80GB": 3.93,
+                "NVIDIA A100 80GB PCIe": 3.93, "NVIDIA A100-PCIE-40GB": 2.93, "NVIDIA L4": 0.56}
+    for device, price in expected.items():
+        assert current.accelerator_price(device) == pytest.approx(price), device
+    # Whole words only: an L40S is not an L4, a GH200 is not an H200.
+    for device in ("NVIDIA L40S", "NVIDIA GH200 480GB", "cuda:0"):
+        with pytest.raises(prices.PricingError, match="current price table"):
+            current.accelerator_price(device)
+
+
+def test_pricing_names_and_paths_resolve(tmp_path):
+    assert prices.resolve_pricing("paper").path == PRICING
+    assert os.path.dirname(PRICING) == os.path.dirname(prices.__file__)  # package data, not a source-tree path
+    path = tmp_path / "mine.yaml"
+    path.write_text("cpu_core: 0.01\naccelerators:\n  H100: 2.0\n")
+    mine = prices.resolve_pricing(str(path))
+    assert mine.accelerator_price(H100) == 2.0 and mine.name == str(path)
+    with pytest.raises(prices.PricingError, match="--pricing: got 'nope', expected current or paper or an existing"):
+        prices.resolve_pricing("nope")
+
+
+def test_gpu_result_priced_by_the_current_table(current, pricing, tmp_path):
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(_result("r2d2_gpu", 100_000, cores=16, accelerators={H100: 1})))
+    rows = report.price_rows(report.load_rows([str(path)]), current, compare=(pricing,))
+    # 16 vCPUs x $0.0486 + one H100 x $11.06 = $11.8376/h; at 100,000 FPS: 11.8376 / 3.6e8 x 1e9 = $32.88.
+    assert rows[0].cost_per_hour == pytest.approx(11.8376)
+    assert rows[0].cost_per_billion == pytest.approx(32.882, abs=1e-3)
+    assert rows[0].compared == {"paper": None}  # the 2019 table prices no H100
+    table = report.markdown_table(rows, current, "r2d2_gpu", (pricing,))
+    assert f"| r2d2_gpu | 1 x {H100} | 4 | 16 | 256 | 100,000 | $11.838 | $32.88 | - | 1.00x |" in table
+    assert "Priced with the current price table (Google Cloud" in table
+    assert "Compared with the paper price table" in table and f"the paper table has no price for {H100}" in table
+    # Priced by the paper's table alone, the same result is an error naming the device and the table.
+    with pytest.raises(prices.PricingError, match="no price for device 'NVIDIA H100 80GB HBM3' in the paper"):
+        report.price_rows(report.load_rows([str(path)]), pricing)
+
+
+def test_gpu_result_priced_by_the_paper_table(current, pricing, tmp_path):
+    path = tmp_path / "gpu.json"
+    path.write_text(json.dumps(_result("p100", 67_000, cores=55, accelerators={"Tesla P100-PCIE-16GB": 1})))
+    rows = report.price_rows(report.load_rows([str(path)]), pricing, compare=(current,))
+    assert rows[0].cost_per_billion == pytest.approx(16.884, abs=1e-3)  # the paper's arithmetic, as above
+    assert rows[0].compared == {"current": None}  # no P100 today
+    table = report.markdown_table(rows, pricing, "p100", (current,))
+    assert "| p100 | 1 x Tesla P100-PCIE-16GB | 4 | 55 | 256 | 67,000 | $4.072 | $16.88 | - | 1.00x |" in table
+    assert "Priced with the paper price table (SEED RL paper" in table and "as of 2019-09" in table
+
+
 def test_cli_on_a_seed_bench_result(tmp_path):
-    out = tmp_path / "result.json"
+    # Run from a directory outside the repository, with relative output paths.
     completed = subprocess.run(
         [sys.executable, "-m", "seed.bench", "--config=fake_mlp", "--num_actors=1", "--envs_per_actor=8",
-         "--duration_s=3", "--warmup_s=1", "--noprogress", f"--out={out}", f"--runs_dir={tmp_path / 'runs'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=120)
+         "--duration_s=3", "--warmup_s=1", "--noprogress", "--out=result.json", "--runs_dir=runs"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]
-    stem = tmp_path / "report"
-    completed = subprocess.run([sys.executable, "-m", "seed.report", str(out), f"--pricing={PRICING}",
-                                f"--out={stem}"], cwd=REPO, capture_output=True, text=True, timeout=60)
+
+    def report_cli(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "seed.bench.report", "result.json", *args], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+
+    completed = report_cli("--out=report")  # default: the current table
     assert completed.returncode == 0, completed.stderr
     assert "| fake_mlp | - | 1 |" in completed.stdout and "1.00x" in completed.stdout
-    assert os.path.getsize(f"{stem}.png") > 1000 and os.path.exists(f"{stem}.md")
-    # Pricing a device the table lacks fails loudly, naming the device and the file.
-    completed = subprocess.run([sys.executable, "-m", "seed.report", str(out), f"--pricing={PRICING}",
-                                "--accelerators=H100:1", f"--out={stem}"],
-                               cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert "Priced with the current price table" in completed.stdout
+    assert os.path.getsize(tmp_path / "report.png") > 1000
+    assert "Priced with the current price table" in (tmp_path / "report.md").read_text()
+    # Both tables: one more column, and the note naming the comparison table.
+    completed = report_cli("--compare_pricing=paper", "--out=both")
+    assert completed.returncode == 0, completed.stderr
+    assert "| cost per 1B frames (paper prices) |" in completed.stdout
+    assert "Compared with the paper price table" in completed.stdout
+    # The paper's table: a CPU-only run is priced; an H100 is not, and the error names the device and the file.
+    completed = report_cli("--pricing=paper", "--out=paper")
+    assert completed.returncode == 0 and "Priced with the paper price table" in completed.stdout
+    completed = report_cli("--pricing=paper", "--accelerators=H100:1", "--out=paper")
     assert completed.returncode == 1
     assert "'H100'" in completed.stderr and PRICING in completed.stderr
+    completed = report_cli("--accelerators=H100:1", "--out=h100")
+    assert completed.returncode == 0 and "| 1 x H100 |" in completed.stdout

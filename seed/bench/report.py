@@ -1,7 +1,9 @@
 """`seed-report`: cost and throughput tables (SEED paper Tables 4 and 5) from `seed-bench` result files.
 
-    seed-report bench_results/fake_mlp.json bench_results/pong_vtrace.json --pricing=launch/pricing.yaml \
+    seed-report bench_results/fake_mlp.json bench_results/pong_vtrace.json \
         --baseline=pong_vtrace/actor_side --out=bench_results/report
+    seed-report bench_results/*.json --pricing=paper                 # the SEED paper's 2019 prices
+    seed-report bench_results/*.json --compare_pricing=paper         # current prices, plus a paper-price column
 
 Each result file gives one row for the framework and one per measured baseline (named `<name>/actor_side`,
 `<name>/transport`); sweep files give one row per point. Columns: configuration, actors, CPUs, envs,
@@ -12,7 +14,10 @@ FPS to the baseline row (--baseline, default the first row).
   cost per 1B frames = cost per hour / (FPS x 3600) x 1e9
 
 CPUs are the machine's cores the run had (os.cpu_count() at bench time) unless --cpus says otherwise;
-accelerators are the devices the learner used. A device without a price in the pricing file is an error.
+accelerators are the devices the learner used. Prices come from --pricing (seed/bench/pricing.py):
+`current` (default, today's on-demand prices), `paper` (the SEED paper's 2019 table) or a YAML file; the
+report says which table priced it. A device without a price in the --pricing table is an error; in a
+--compare_pricing table it shows as "-" with a note.
 """
 
 from __future__ import annotations
@@ -25,50 +30,9 @@ from typing import Any
 
 from absl import app, flags
 
+from seed.bench.pricing import Pricing, PricingError, resolve_pricing
+
 FRAMES_PER_COST_UNIT = 1e9
-
-
-class PricingError(ValueError):
-    """The pricing table is malformed or lacks a price for a device a result used."""
-
-
-@dataclasses.dataclass
-class Pricing:
-    cpu_core: float  # per core per hour
-    accelerators: dict[str, float]  # device key -> per device per hour
-    path: str
-    currency: str = "USD"
-
-    def accelerator_price(self, device: str) -> float:
-        """The price of `device`: the longest pricing key found in its name, case-insensitively."""
-        matches = [key for key in self.accelerators if key.lower() in device.lower()]
-        if not matches:
-            known = ", ".join(self.accelerators) or "none"
-            raise PricingError(f"no price for device {device!r} in {self.path} (priced accelerators: {known}); "
-                               f"add a line '  {device}: <price per hour>' under 'accelerators:' in {self.path}")
-        return self.accelerators[max(matches, key=len)]
-
-
-def load_pricing(path: str) -> Pricing:
-    import yaml
-
-    if not os.path.exists(path):
-        raise PricingError(f"--pricing: {path} does not exist")
-    with open(path) as f:
-        data = yaml.safe_load(f) or {}
-    if not isinstance(data, dict) or "cpu_core" not in data:
-        raise PricingError(f"{path}: expected a mapping with cpu_core (price per core per hour) and accelerators")
-    accelerators = data.get("accelerators") or {}
-    if not isinstance(accelerators, dict):
-        raise PricingError(f"{path}: accelerators: expected a mapping of device name to price per hour")
-    for name, price in accelerators.items():
-        if not isinstance(price, (int, float)) or isinstance(price, bool) or price < 0:
-            raise PricingError(f"{path}: accelerators.{name}: got {price!r}, expected a price per hour >= 0")
-    cpu = data["cpu_core"]
-    if not isinstance(cpu, (int, float)) or isinstance(cpu, bool) or cpu < 0:
-        raise PricingError(f"{path}: cpu_core: got {cpu!r}, expected a price per hour >= 0")
-    return Pricing(float(cpu), {str(k): float(v) for k, v in accelerators.items()}, path,
-                   str(data.get("currency", "USD")))
 
 
 def cost_per_hour(cpus: float, accelerators: dict[str, int], pricing: Pricing) -> float:
@@ -96,6 +60,8 @@ class Row:
     cost_per_hour: float | None = None
     cost_per_billion: float | None = None
     ratio: float | None = None
+    # cost per 1B frames under each --compare_pricing table (by table name); None where it prices no device
+    compared: dict[str, float | None] = dataclasses.field(default_factory=dict)
 
 
 def _rows_of_result(result: dict[str, Any], cpus_override: float | None,
@@ -130,7 +96,10 @@ def load_rows(paths: list[str], cpus_override: float | None = None,
     return rows
 
 
-def price_rows(rows: list[Row], pricing: Pricing, baseline: str | None = None) -> list[Row]:
+def price_rows(rows: list[Row], pricing: Pricing, baseline: str | None = None,
+               compare: tuple[Pricing, ...] = ()) -> list[Row]:
+    """Fills each row's cost per hour and per 1B frames under `pricing`, the FPS ratio to the baseline row,
+    and the cost per 1B frames under every `compare` table (None where that table lacks a row's device)."""
     if not rows:
         return rows
     names = [r.name for r in rows]
@@ -141,24 +110,55 @@ def price_rows(rows: list[Row], pricing: Pricing, baseline: str | None = None) -
         row.cost_per_hour = cost_per_hour(row.cpus, row.accelerators, pricing)
         row.cost_per_billion = cost_per_billion_frames(row.cost_per_hour, row.fps) if row.fps > 0 else None
         row.ratio = row.fps / reference.fps if reference.fps > 0 else None
+        for other in compare:
+            try:
+                hourly = cost_per_hour(row.cpus, row.accelerators, other)
+            except PricingError:
+                row.compared[other.name] = None
+                continue
+            row.compared[other.name] = cost_per_billion_frames(hourly, row.fps) if row.fps > 0 else None
     return rows
 
 
-def markdown_table(rows: list[Row], pricing: Pricing, baseline: str) -> str:
-    money = "$" if pricing.currency == "USD" else f"{pricing.currency} "
-    lines = [f"| configuration | accelerators | actors | CPUs | envs | FPS | cost/hour | cost per 1B frames | "
+def _money(pricing: Pricing) -> str:
+    return "$" if pricing.currency == "USD" else f"{pricing.currency} "
+
+
+def _prices_line(pricing: Pricing) -> str:
+    money = _money(pricing)
+    prices = [f"cpu core {money}{pricing.cpu_core}/h"] + [f"{k} {money}{v}/h" for k, v in pricing.accelerators.items()]
+    return f"{pricing.describe()}, {pricing.shown_path}: {', '.join(prices)}"
+
+
+def markdown_table(rows: list[Row], pricing: Pricing, baseline: str, compare: tuple[Pricing, ...] = ()) -> str:
+    """The report table: one row per configuration, costs under `pricing` and a column per `compare` table."""
+    money = _money(pricing)
+    extra = "".join(f" cost per 1B frames ({other.name} prices) |" for other in compare)
+    lines = [f"| configuration | accelerators | actors | CPUs | envs | FPS | cost/hour | cost per 1B frames "
+             f"({pricing.name} prices) |{extra} "
              f"FPS ratio to {baseline} |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+             "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(compare) + "---:|"]
+    unpriced: dict[str, set[str]] = {}
     for r in rows:
         devices = ", ".join(f"{n} x {k}" for k, n in r.accelerators.items()) or "-"
         cpus = f"{r.cpus:g}"
+        compared = ""
+        for other in compare:
+            value = r.compared.get(other.name)
+            if value is None:
+                unpriced.setdefault(other.name, set()).update(
+                    k for k in r.accelerators if other.accelerator_key(k) is None)
+            compared += f" {'-' if value is None else f'{_money(other)}{value:,.2f}'} |"
         lines.append(
             f"| {r.name} | {devices} | {r.actors} | {cpus} | {r.envs} | {r.fps:,.0f} | {money}{r.cost_per_hour:.3f} | "
-            f"{'-' if r.cost_per_billion is None else f'{money}{r.cost_per_billion:,.2f}'} | "
+            f"{'-' if r.cost_per_billion is None else f'{money}{r.cost_per_billion:,.2f}'} |{compared} "
             f"{'-' if r.ratio is None else f'{r.ratio:.2f}x'} |")
-    lines.append(f"\nPrices: {pricing.path} (cpu core {money}{pricing.cpu_core}/h"
-                 + "".join(f", {k} {money}{v}/h" for k, v in pricing.accelerators.items()) + "). "
-                 "FPS = env frames per second measured at the actors.")
+    lines.append(f"\nPriced with {_prices_line(pricing)}. FPS = env frames per second measured at the actors.")
+    for other in compare:
+        note = f"\nCompared with {_prices_line(other)}."
+        if unpriced.get(other.name):
+            note += f" '-': the {other.name} table has no price for {', '.join(sorted(unpriced[other.name]))}."
+        lines.append(note)
     return "\n".join(lines)
 
 
@@ -209,27 +209,32 @@ def main(argv: list[str]) -> None:
     if not paths:
         raise app.UsageError("give one or more seed-bench result files")
     try:
-        pricing = load_pricing(FLAGS.pricing)
+        pricing = resolve_pricing(FLAGS.pricing)
+        compare = tuple(resolve_pricing(value) for value in FLAGS.compare_pricing if value != FLAGS.pricing)
         accelerators = parse_accelerators(FLAGS.accelerators)
-        rows = price_rows(load_rows(paths, FLAGS.cpus, accelerators), pricing, FLAGS.baseline or None)
+        rows = price_rows(load_rows(paths, FLAGS.cpus, accelerators), pricing, FLAGS.baseline or None, compare)
     except (PricingError, ValueError, OSError, KeyError) as error:
         print(f"seed-report: {error}", file=sys.stderr)
         sys.exit(1)
     baseline = FLAGS.baseline or rows[0].name
-    table = markdown_table(rows, pricing, baseline)
+    table = markdown_table(rows, pricing, baseline, compare)
     print(table)
-    out = FLAGS.out or os.path.join("bench_results", "report")
-    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    out = os.path.abspath(FLAGS.out or os.path.join("bench_results", "report"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
     with open(f"{out}.md", "w") as f:
         f.write(table + "\n")
-    chart(rows, f"{out}.png", f"FPS and cost per 1B frames (baseline {baseline}; prices {pricing.path})")
+    chart(rows, f"{out}.png", f"FPS and cost per 1B frames (baseline {baseline}; {pricing.describe()})")
     print(f"\nwrote {out}.md and {out}.png")
 
 
 def run() -> None:
-    flags.DEFINE_string("pricing", "launch/pricing.yaml", "Prices per hour: cpu_core and accelerators.")
+    flags.DEFINE_string("pricing", "current", "Price table: current (today's on-demand prices, shipped), paper "
+                                              "(the SEED paper's 2019 prices, shipped) or the path of a YAML file.")
+    flags.DEFINE_list("compare_pricing", [], "Also show the cost per 1B frames under these tables (same values as "
+                                             "--pricing), e.g. paper.")
     flags.DEFINE_string("baseline", "", "Row name the FPS ratio is taken against; default the first row.")
-    flags.DEFINE_string("out", "", "Output stem: writes <out>.md and <out>.png; default bench_results/report.")
+    flags.DEFINE_string("out", "", "Output stem: writes <out>.md and <out>.png; default bench_results/report "
+                                   "under the directory seed-report is started in.")
     flags.DEFINE_float("cpus", None, "Price this many CPU cores instead of the cores each run had.")
     flags.DEFINE_list("accelerators", [], "Price these devices instead of the runs', e.g. P100:1.")
     app.run(main)

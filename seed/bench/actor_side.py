@@ -12,9 +12,9 @@ over the same kind of socket, two unary methods on a generic service (`seed.Acto
 raw bytes behind a small JSON header (`pack_tensors`). The actor's latency samples are its local inference
 times (one forward pass over K envs), the counterpart of SEED's round trip.
 
-    python -m seed.actor_side_inference --role=learner --env=fake:vector --num_actors=2 --envs_per_actor=8 \
+    python -m seed.bench.actor_side --role=learner --env=fake:vector --num_actors=2 --envs_per_actor=8 \
         --logdir=/tmp/as --server_address=unix:/tmp/as/learner.sock
-    python -m seed.actor_side_inference --role=actor --actor_index=0 ... (the same flags)
+    python -m seed.bench.actor_side --role=actor --actor_index=0 ... (the same flags)
 
 Only the V-trace agent is supported (its `act` samples from the policy it trains off-policy-corrected).
 """

@@ -6,7 +6,7 @@ with no batching, no inference and no training. Env steps per second through it 
 their envs and gRPC can move on this machine; `seed-bench` divides the framework's rate by it to express
 the framework's overhead as a ratio.
 
-    python -m seed.transport_ceiling --server_address=unix:/tmp/ceiling.sock --env=fake:vector --envs_per_actor=64
+    python -m seed.bench.transport_ceiling --server_address=unix:/tmp/ceiling.sock --env=fake:vector --envs_per_actor=64
 
 It takes the actors' env flags (EnvOptions), so the handshake's spec check passes exactly as with the learner.
 """

@@ -1,0 +1,5 @@
+"""`python -m seed.bench` is `seed-bench`."""
+
+from seed.bench.cli import run
+
+run()

@@ -1,0 +1,149 @@
+"""`seed-bench`: throughput, latency and CPU use of a learner plus actors on this machine, as one JSON file.
+
+    seed-bench --config=fake_mlp --duration_s=30 --out=bench_results/fake_mlp.json
+    seed-bench --config=fake_mlp --baselines=actor_side,transport --out=bench_results/fake_mlp.json
+    seed-bench --config=fake_mlp --sweep=actors --values=1,2,4 --out=bench_results/sweep_actors.json
+    seed-bench --list
+
+A run starts the learner (`python -m seed.learner_main`) with the named configuration from the shipped
+seed/bench/configs.yaml or --bench_configs (flags typed here override it), waits until it serves (gRPC
+health check), starts `num_actors` actor processes that write stats files (seed/actor_stats.py), runs for `--duration_s`
+seconds from the moment every actor steps, and stops everything. Rates are taken over the window after the
+warm-up (`--warmup_s`, default 20% of the duration); seed/bench/measure.py says how each value is measured.
+Env frames/s are counted at the actors (the headline FPS) and at the learner; round-trip latency is measured
+at the actor (send of a step message to receipt of its actions); CPU per process type from /proc.
+
+Baselines (`--baselines=actor_side,transport`) run right after, with the same env, actors, envs and duration:
+  actor_side  IMPALA-style: every actor runs its own copy of the network (seed/bench/actor_side.py)
+  transport   the transport ceiling: the same seed-actor processes against a server that answers every step
+              with zero actions and does nothing else (seed/bench/transport_ceiling.py)
+
+Sweeps (`--sweep=actors|envs_per_actor|network_width --values=...`) run the configuration once per value
+and also write a Markdown table (<out>.md) and a plot of FPS against the value (<out>.png).
+
+Paths: --out and --runs_dir are made absolute once, against the directory seed-bench is started in, and only
+absolute paths are handed to the processes it starts (they run in their run directory), so seed-bench behaves
+the same from any directory and from a wheel install.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+
+from absl import app, flags
+
+from seed.bench.configs import DEFAULT_CONFIGS, build_setup, load_bench_configs
+from seed.bench.measure import BenchError
+from seed.bench.results import BASELINES, SCHEMA, run_bench, summary_markdown, write_json
+from seed.bench.sweep import SWEEPS, sweep_plot, sweep_setups, sweep_table
+from seed.config import LearnerConfig, define_flags, explicit_flags
+
+# ----------------------------------------------------------------------------------------------- main
+
+FLAGS = flags.FLAGS
+
+
+def _stem(path: str) -> str:
+    """The output path without its .json suffix: sweeps write <stem>.md, <stem>.png and one JSON per value."""
+    return path[:-5] if path.endswith(".json") else path
+
+
+def _define_bench_flags() -> None:
+    define_flags(LearnerConfig)  # any learner flag overrides the named configuration
+    flags.DEFINE_string("config", "", "Name of a configuration in --bench_configs (see --list).")
+    flags.DEFINE_string("name", "", "The result's name (its rows in seed-report), e.g. pong_vtrace_gpu for a "
+                                    "configuration run with overrides; default the --config name.")
+    flags.DEFINE_string("bench_configs", DEFAULT_CONFIGS, "The YAML file of named configurations; default the "
+                                                          "one shipped in the package (seed/bench/configs.yaml).")
+    flags.DEFINE_bool("list", False, "List the named configurations and exit.")
+    flags.DEFINE_float("duration_s", 0.0, "Seconds each run lasts once its actors start, warm-up included; "
+                                          "0 = the configuration's duration_s (else 30).")
+    flags.DEFINE_float("warmup_s", -1.0, "Seconds excluded from the rates at the start; -1 = 20% of the duration.")
+    flags.DEFINE_string("out", "", "Result JSON path; default bench_results/<name>.json under the directory "
+                                   "seed-bench is started in.")
+    flags.DEFINE_string("runs_dir", "bench_results/runs", "Where each run's logs, metrics and stats files go "
+                                                          "(relative to the directory seed-bench is started in).")
+    flags.DEFINE_list("baselines", [], "Also measure: actor_side (IMPALA-style), transport (gRPC ceiling).")
+    flags.DEFINE_enum("sweep", "", ["", *SWEEPS], "Run once per --values of actors, envs_per_actor or network_width.")
+    flags.DEFINE_list("values", [], "The swept values, e.g. 1,2,4.")
+    flags.DEFINE_enum("transport", "unix", ["unix", "tcp"], "Actors dial a unix socket or TCP on 127.0.0.1.")
+    flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")
+    flags.DEFINE_integer("repeats", 1, "Rounds of (framework, baselines...); each reports its median round.")
+    flags.DEFINE_float("switch_interval_ms", 0.0, "Experiment: run the learner with sys.setswitchinterval(this); "
+                                                  "0 = Python's default (5 ms).")
+    flags.DEFINE_list("profile", [], "Sample these processes with py-spy over the measurement window: server "
+                                     "(learner / ceiling), actor0, actor1, ...; writes <run_dir>/profile-*.txt.")
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+    try:
+        if FLAGS.list:
+            configs = load_bench_configs(FLAGS.bench_configs)
+            width = max(map(len, configs), default=0)
+            for name, entry in configs.items():
+                print(f"{name:{width}s}  {entry.get('description', '')}")
+            return
+        if not FLAGS.config:
+            raise BenchError("--config: required (see --list)")
+        unknown = sorted(set(FLAGS.baselines) - set(BASELINES))
+        if unknown:
+            raise BenchError(f"--baselines: got {unknown}, expected a subset of {', '.join(BASELINES)}")
+        overrides = explicit_flags(LearnerConfig, FLAGS)
+        setup, bench = build_setup(FLAGS.config, FLAGS.bench_configs, overrides, FLAGS.transport,
+                                   FLAGS.switch_interval_ms)
+        name = FLAGS.name or FLAGS.config
+        setup = dataclasses.replace(setup, name=name)
+        duration = FLAGS.duration_s or float(bench.get("duration_s", 30))
+        warmup = FLAGS.warmup_s if FLAGS.warmup_s >= 0 else 0.2 * duration
+        if not 0 <= warmup < duration - 1:
+            raise BenchError(f"--warmup_s: got {warmup}, expected 0 <= warmup_s < duration_s - 1 ({duration})")
+        out = os.path.abspath(FLAGS.out or os.path.join("bench_results", f"{name}.json"))
+        runs_dir = os.path.abspath(FLAGS.runs_dir)
+        baselines = [b for b in BASELINES if b in FLAGS.baselines]
+        if not FLAGS.sweep:
+            result = run_bench(setup, runs_dir, duration, warmup, baselines, FLAGS.progress, tuple(FLAGS.profile),
+                               FLAGS.repeats)
+            write_json(out, result)
+            print(summary_markdown(result))
+            print(f"\nwrote {out}")
+            return
+        if not FLAGS.values:
+            raise BenchError("--values: required with --sweep, e.g. --values=1,2,4")
+        try:
+            values = [int(v) for v in FLAGS.values]
+        except ValueError:
+            raise BenchError(f"--values: got {FLAGS.values}, expected integers") from None
+        points = []
+        stem = _stem(out)
+        for value, point_setup in sweep_setups(setup, FLAGS.sweep, values):
+            print(f"[bench] {FLAGS.sweep}={value}", file=sys.stderr, flush=True)
+            result = run_bench(point_setup, runs_dir, duration, warmup, baselines, FLAGS.progress,
+                               tuple(FLAGS.profile), FLAGS.repeats)
+            write_json(f"{stem}-{FLAGS.sweep}{value}.json", result)
+            points.append({"value": value, "result": result})
+        table = sweep_table(FLAGS.sweep, points)
+        c = setup.config
+        title = (f"{name}: {c.agent} on {c.env}, sweep {FLAGS.sweep}; {os.cpu_count()} CPU cores, "
+                 f"{c.inference_device}/{c.training_device}")
+        write_json(out, {"schema": SCHEMA + "-sweep", "name": name, "sweep": FLAGS.sweep,
+                         "values": values, "title": title, "points": points})
+        with open(f"{stem}.md", "w") as f:
+            f.write(f"{title}\n\n{table}\n")
+        sweep_plot(FLAGS.sweep, points, title, f"{stem}.png")
+        print(f"{title}\n\n{table}\n\nwrote {out}, {stem}.md, {stem}.png")
+    except BenchError as error:
+        print(f"seed-bench: {error}", file=sys.stderr)
+        sys.exit(1)
+
+
+def run() -> None:
+    _define_bench_flags()
+    app.run(main)
+
+
+if __name__ == "__main__":
+    run()

@@ -1,0 +1,146 @@
+"""The wheel is the whole product: built from a clean copy of the sources, installed (not editable) into a
+fresh virtual environment, and run from a directory outside the repository, it has every module (R2D2
+included), its data files, working console scripts, and seed-bench / seed-report that write where their
+flags say.
+
+The virtual environment sees the system's site-packages (torch, grpc, ... are not downloaded), so it also
+sees any editable `seed` installed there; the checks assert that the venv's own copy is the one imported.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.wheel
+
+# What setup.py builds from: the same list the Dockerfiles copy into their build context.
+SOURCES = ("setup.py", "pyproject.toml", "protos", "seed", "agents", "envs")
+# Source roots and the package each installs as (setup.py's package_dir).
+ROOTS = {"seed": "seed", "agents": "seed.agents", "envs": "seed.envs"}
+DATA_FILES = ("seed/bench/configs.yaml", "seed/bench/pricing_current.yaml", "seed/bench/pricing_paper_2019.yaml",
+              "seed/envs/atari57_scores.csv")
+
+IMPORT_EVERY_MODULE = """
+import importlib, json, pkgutil, sys
+import seed
+modules = {}
+for info in pkgutil.walk_packages(seed.__path__, "seed."):
+    if info.name.rsplit(".", 1)[-1] == "__main__":  # running it would start the CLI
+        continue
+    modules[info.name] = importlib.import_module(info.name).__file__
+modules["seed"] = seed.__file__
+print(json.dumps(modules))
+"""
+
+
+def source_modules() -> set[str]:
+    """Every module of the source tree, named as installed (agents/r2d2/agent.py -> seed.agents.r2d2.agent),
+    the generated gRPC stubs included."""
+    modules = {"seed._proto", "seed._proto.seed_pb2", "seed._proto.seed_pb2_grpc"}
+    for directory, package in ROOTS.items():
+        for root, dirs, files in os.walk(os.path.join(REPO, directory)):
+            dirs[:] = [d for d in dirs if d not in ("__pycache__", "_proto")]
+            relative = os.path.relpath(root, os.path.join(REPO, directory))
+            prefix = package if relative == "." else f"{package}.{relative.replace(os.sep, '.')}"
+            for name in files:
+                if name == "__init__.py":
+                    modules.add(prefix)
+                elif name.endswith(".py") and name != "__main__.py":
+                    modules.add(f"{prefix}.{name[:-3]}")
+    return modules
+
+
+def run(cmd: list[str], cwd: str, timeout: float, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    completed = subprocess.run([str(c) for c in cmd], cwd=cwd, env=env, capture_output=True, text=True,
+                               timeout=timeout)
+    assert completed.returncode == 0, f"{cmd} failed ({completed.returncode}):\n{completed.stdout[-3000:]}\n" \
+                                      f"{completed.stderr[-3000:]}"
+    return completed
+
+
+@pytest.fixture(scope="module")
+def installed(tmp_path_factory):
+    """(venv bin directory, venv site-packages, an empty working directory outside the repository, env)."""
+    root = tmp_path_factory.mktemp("wheel")
+    source = root / "source"
+    source.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "_proto", "*.egg-info", "build")
+    for name in SOURCES:  # a clean copy: no stale build/ or generated stubs from the checkout end up in the wheel
+        path = os.path.join(REPO, name)
+        if os.path.isdir(path):
+            shutil.copytree(path, source / name, ignore=ignore)
+        else:
+            shutil.copy2(path, source / name)
+    # A stale build/ from an earlier build of a checkout, holding a module since moved away: it must not ship.
+    stale = source / "build" / "lib" / "seed" / "report.py"
+    stale.parent.mkdir(parents=True)
+    stale.write_text('"""seed/report.py before it moved to seed/bench/report.py."""\n')
+    dist = root / "dist"
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "--quiet",
+         "--wheel-dir", dist, source], cwd=str(root), timeout=240)
+    wheels = list(dist.glob("seed_rl_torch-*.whl"))
+    assert len(wheels) == 1, os.listdir(dist)
+    venv = root / "venv"
+    # --without-pip: no ensurepip needed (Debian's python3 lacks it without python3-venv); the system's pip is
+    # visible through --system-site-packages and installs into the venv when the venv's python runs it.
+    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], cwd=str(root), timeout=120)
+    bin_dir = venv / "bin"
+    # --ignore-installed: an editable seed-rl-torch on the system site must neither satisfy nor be uninstalled.
+    run([bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "--quiet",
+         wheels[0]], cwd=str(root), timeout=120)
+    site = run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+               cwd=str(root), timeout=60).stdout.strip()
+    work = root / "work"
+    work.mkdir()
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "PYTHONSTARTUP")}
+    env["PATH"] = f"{bin_dir}{os.pathsep}{env.get('PATH', '')}"
+    env["PYTHONUNBUFFERED"] = "1"
+    return bin_dir, site, str(work), env
+
+
+def test_wheel_has_every_module_and_data_file(installed):
+    bin_dir, site, work, env = installed
+    modules = json.loads(run([bin_dir / "python", "-c", IMPORT_EVERY_MODULE], cwd=work, timeout=120, env=env).stdout)
+    # The venv's own copy, not an editable install of the checkout that the system site may hold.
+    outside = {name: path for name, path in modules.items() if not path.startswith(site + os.sep)}
+    assert not outside, outside
+    expected = source_modules()
+    assert "seed.agents.r2d2.agent" in expected and "seed.bench.cli" in expected
+    assert sorted(expected - set(modules)) == []  # nothing of the source tree left out of the wheel
+    assert sorted(set(modules) - expected) == []
+    for path in DATA_FILES:
+        assert os.path.getsize(os.path.join(site, path)) > 0, path
+
+
+def test_learner_prints_the_r2d2_config(installed):
+    bin_dir, site, work, env = installed
+    completed = run([bin_dir / "seed-learner", "--agent=r2d2", "--print_config"], cwd=work, timeout=120, env=env)
+    config = json.loads(completed.stdout[completed.stdout.index("{"):completed.stdout.rindex("}") + 1])
+    assert config["agent"] == "r2d2" and config["burn_in"] > 0
+
+
+def test_bench_and_report_run_outside_the_repository(installed):
+    bin_dir, site, work, env = installed
+    out, runs = os.path.join(work, "results", "cartpole.json"), os.path.join(work, "runs")
+    run([bin_dir / "seed-bench", "--config=cartpole", "--duration_s=20", "--noprogress", f"--out={out}",
+         f"--runs_dir={runs}"], cwd=work, timeout=180, env=env)
+    with open(out) as f:
+        result = json.load(f)
+    assert result["env_frames_per_sec"] > 0
+    assert result["framework"]["run_dir"].startswith(runs + os.sep)
+    assert result["configuration"]["seed_version"] == "0.1.0"
+    assert result["configuration"]["git_commit"] is None  # an installed copy is no checkout
+    completed = run([bin_dir / "seed-report", out, f"--out={os.path.join(work, 'report')}"], cwd=work, timeout=120,
+                    env=env)
+    assert "| cartpole | - | 2 |" in completed.stdout and "Priced with the current price table" in completed.stdout
+    assert os.path.getsize(os.path.join(work, "report.png")) > 1000
+    # Nothing was written to the working directory but what the flags named.
+    assert sorted(os.listdir(work)) == ["report.md", "report.png", "results", "runs"]
