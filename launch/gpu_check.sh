@@ -42,7 +42,6 @@ read -r -a BENCH <<<"${SEED_BENCH:-seed-bench}"
 read -r -a REPORT <<<"${SEED_REPORT:-seed-report}"
 case "$OUT_DIR" in /*) ;; *) OUT_DIR="$PWD/$OUT_DIR" ;; esac  # absolute, as every path handed to the tools
 RUNS_DIR="$OUT_DIR/runs"
-GPU=(--inference_device=cuda:0 --training_device=cuda:0)
 
 run() {
   echo "+ $*" >&2
@@ -78,8 +77,8 @@ bench() {  # bench NAME CONFIG FLAGS...
 }
 
 bench r2d2_atari_gpu r2d2_atari_gpu
-bench pong_vtrace_gpu pong_vtrace "${GPU[@]}" --baselines=actor_side
-bench fake_atari_gpu fake_atari "${GPU[@]}" --baselines=transport
+bench pong_vtrace_gpu pong_vtrace_gpu --baselines=actor_side
+bench fake_atari_gpu fake_atari_gpu --baselines=transport
 bench cartpole cartpole
 
 RESULTS=()

@@ -219,8 +219,10 @@ def test_gpu_check_script_names_shipped_configurations(tmp_path):
         assert args["config"] in named and args["out"] == f"{out_dir}/{args['name']}.json"
         assert args["runs_dir"] == f"{out_dir}/runs" and args["duration_s"] == "60"
     by_name = {dict(a[2:].split("=", 1) for a in c[1:] if "=" in a)["name"]: c for c in commands[:4]}
-    assert "--baselines=actor_side" in by_name["pong_vtrace_gpu"] and "--training_device=cuda:0" in by_name[
-        "pong_vtrace_gpu"]
+    assert "--baselines=actor_side" in by_name["pong_vtrace_gpu"]
+    for name in ("pong_vtrace_gpu", "fake_atari_gpu", "r2d2_atari_gpu"):  # the GPU configurations train on cuda:0
+        config = named[dict(a[2:].split("=", 1) for a in by_name[name][1:] if "=" in a)["config"]]
+        assert config["training_device"] == "cuda:0" and config["requires"] == "cuda"
     assert "--baselines=transport" in by_name["fake_atari_gpu"]
     assert "--pricing=current" in commands[4] and "--compare_pricing=paper" in commands[4]
     assert not os.path.exists(out_dir)  # a dry run writes nothing
