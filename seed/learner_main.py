@@ -63,7 +63,7 @@ def install_transport_security(config: LearnerConfig) -> None:
     --print_config, logs or the checkpoint."""
     from seed import transport
 
-    security = transport.TransportSecurity.from_config(config)
+    security = transport.TransportSecurity.from_config(config, read_files=not config.print_config)
     transport.check_listen_security(transport.listen_addresses(config.server_address), security)
     transport.set_default_security(security)
     if config.auth_token:

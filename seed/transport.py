@@ -73,10 +73,12 @@ class TransportSecurity:
         return self.tls or bool(self.auth_token)
 
     @classmethod
-    def from_config(cls, config: Any) -> TransportSecurity:
+    def from_config(cls, config: Any, read_files: bool = True) -> TransportSecurity:
         """From any config with the TransportOptions fields (seed.config); reads --auth_token_file.
 
-        A config whose token was already moved into the default security (learner_main) yields that default.
+        read_files=False (e.g. --print_config) checks the flags without touching the files; the token is then
+        REDACTED. A config whose token was already moved into the default security (learner_main) yields that
+        default.
         """
         token = getattr(config, "auth_token", "")
         if token == REDACTED:
@@ -84,7 +86,9 @@ class TransportSecurity:
         token_file = getattr(config, "auth_token_file", "")
         if token and token_file:
             raise TransportConfigError("--auth_token and --auth_token_file: got both, expected at most one")
-        if token_file:
+        if token_file and not read_files:
+            token = REDACTED
+        elif token_file:
             try:
                 with open(token_file) as f:
                     token = f.read().strip()
@@ -98,7 +102,7 @@ class TransportSecurity:
             missing = sorted(set(tls) - set(given))
             raise TransportConfigError(f"--{', --'.join(missing)}: got none, expected --tls_cert, --tls_key and "
                                        "--tls_ca together (mutual TLS)")
-        for name in given:
+        for name in given if read_files else ():
             if not os.path.isfile(tls[name]):
                 raise TransportConfigError(f"--{name}: got {tls[name]!r}, expected an existing PEM file")
         return cls(auth_token=token, tls_server_name=getattr(config, "tls_server_name", ""),
@@ -232,7 +236,7 @@ class StreamGuard(grpc.ServerInterceptor):
             if problem:
                 return _rejection(handler, grpc.StatusCode.UNAUTHENTICATED, problem)
         return grpc.stream_stream_rpc_method_handler(
-            self._guarded(handler.stream_stream), request_deserializer=handler.request_deserializer,
+            self._guarded(handler.stream_stream), request_deserializer=_tolerant(handler.request_deserializer),
             response_serializer=handler.response_serializer)
 
     def _guarded(self, behavior: Callable) -> Callable:
@@ -247,7 +251,7 @@ class StreamGuard(grpc.ServerInterceptor):
                 self._streams.add(tracked)
             try:
                 first = self._first_message(request_iterator, context)
-                requests = _TrackedRequests(request_iterator, tracked, first)
+                requests = _TrackedRequests(request_iterator, tracked, first, context)
                 for response in behavior(requests, context):
                     tracked.waiting_since = time.monotonic()  # until the client has taken the reply
                     yield response
@@ -290,14 +294,39 @@ class StreamGuard(grpc.ServerInterceptor):
                 tracked.context.cancel()
 
 
-class _TrackedRequests:
-    """The request iterator handed to the servicer: replays the first message, then records waits on the client."""
+class _Undecodable:
+    """A request whose bytes are not a valid message; the stream aborts when the servicer reaches it."""
 
-    def __init__(self, iterator: Iterator, tracked: _Tracked, first: Any):
+    def __init__(self, size: int, error: Exception):
+        self.size = size
+        self.error = error
+
+
+def _tolerant(deserializer: Callable[[bytes], Any] | None) -> Callable[[bytes], Any] | None:
+    """Wraps the request deserializer so a malformed message becomes an INVALID_ARGUMENT naming it (gRPC itself
+    would answer INTERNAL "Exception deserializing request!")."""
+    if deserializer is None:
+        return None
+
+    def deserialize(data: bytes) -> Any:
+        try:
+            return deserializer(data)
+        except Exception as error:  # noqa: BLE001 - protobuf raises DecodeError, but any failure means the same
+            return _Undecodable(len(data), error)
+
+    return deserialize
+
+
+class _TrackedRequests:
+    """The request iterator handed to the servicer: replays the first message, then records waits on the client;
+    aborts the stream (INVALID_ARGUMENT) at a message that did not parse."""
+
+    def __init__(self, iterator: Iterator, tracked: _Tracked, first: Any, context: grpc.ServicerContext):
         self._iterator = iterator
         self._tracked = tracked
         self._first = first
         self._first_pending = True
+        self._context = context
 
     def __iter__(self) -> _TrackedRequests:
         return self
@@ -309,12 +338,20 @@ class _TrackedRequests:
             self._tracked.waiting_since = None
             if self._first is None:
                 raise StopIteration
-            return self._first
+            return self._checked(self._first, "first message")
         self._tracked.waiting_since = time.monotonic()
         try:
-            return next(self._iterator)
+            message = next(self._iterator)
         finally:
             self._tracked.waiting_since = None
+        return self._checked(message, "message")
+
+    def _checked(self, message: Any, what: str) -> Any:
+        if isinstance(message, _Undecodable):
+            self._context.abort(grpc.StatusCode.INVALID_ARGUMENT,
+                                f"{what}: got {message.size} bytes that do not parse as a seed.ActorMessage "
+                                f"({message.error}), expected a serialized ActorMessage (protos/seed.proto)")
+        return message
 
 
 def _rejection(handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str) -> grpc.RpcMethodHandler:
