@@ -38,6 +38,8 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # receive limit until the caller computes 
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 120.0
 REDACTED = "<redacted>"  # what a config shows once its token has been installed (never logged or checkpointed)
+GRPC_OPTIONS = [("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", -1),
+                ("grpc.so_reuseport", 0)]  # server defaults; start_grpc_server sets the receive limit it is given
 SERVER_KEEPALIVE = [("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000),
                     ("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
 
@@ -382,8 +384,8 @@ def start_grpc_server(servicer: seed_pb2_grpc.LearnerServicer, addresses: list[s
     max_message_bytes = max_message_bytes or DEFAULT_MAX_MESSAGE_BYTES
     guard = StreamGuard(security.auth_token, max_pending=max(2, max_workers // 4),
                         handshake_timeout_s=handshake_timeout_s, idle_timeout_s=idle_timeout_s)
-    options = [("grpc.max_receive_message_length", max_message_bytes), ("grpc.max_send_message_length", -1),
-               ("grpc.so_reuseport", 0), *SERVER_KEEPALIVE]
+    options = [*[o for o in GRPC_OPTIONS if o[0] != "grpc.max_receive_message_length"],
+               ("grpc.max_receive_message_length", max_message_bytes), *SERVER_KEEPALIVE]
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix="grpc"),
                          interceptors=[guard], options=options, maximum_concurrent_rpcs=max_workers)
     server.stream_guard = guard  # type: ignore[attr-defined]

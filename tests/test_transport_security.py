@@ -193,7 +193,8 @@ def test_stream_guard_deadline_and_pending_cap(tmp_path):
                     first_env_id=message.handshake.actor_index))
 
     address = f"unix:{tmp_path}/guard.sock"
-    server, _, _ = transport.start_grpc_server(Echo(), [address], max_workers=8, handshake_timeout_s=1.5)
+    server, _, _ = transport.start_grpc_server(Echo(), [address], max_workers=8, handshake_timeout_s=1.5,
+                                               idle_timeout_s=2.0)
     try:
         assert server.stream_guard.max_pending == 2
         channel = grpc.insecure_channel(address)
@@ -212,6 +213,24 @@ def test_stream_guard_deadline_and_pending_cap(tmp_path):
         assert _first_reply(channel).WhichOneof("message") == "handshake_reply"
         assert time.monotonic() - start < 1.0
         wait_for(lambda: server.stream_guard.pending() == 0, 10, "no stream left awaiting a handshake")
+        # The threads that waited for the silent streams' first message are gone too.
+        wait_for(lambda: not [t for t in threading.enumerate() if t.name == "handshake-reader"], 10,
+                 "the handshake readers to end")
+
+        # A client that handshakes and then goes quiet is cancelled after idle_timeout_s, freeing its thread.
+        release = threading.Event()
+
+        def handshake_then_silence():
+            yield _handshake()
+            release.wait()
+
+        quiet = seed_pb2_grpc.LearnerStub(channel).Stream(handshake_then_silence())
+        assert next(quiet).WhichOneof("message") == "handshake_reply"
+        start = time.monotonic()
+        with pytest.raises(grpc.RpcError) as caught:
+            next(quiet)
+        assert caught.value.code() == grpc.StatusCode.CANCELLED and 1.5 < time.monotonic() - start < 6
+        release.set()
         channel.close()
     finally:
         server.stop(0)
