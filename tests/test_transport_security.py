@@ -234,3 +234,25 @@ def test_stream_guard_deadline_and_pending_cap(tmp_path):
         channel.close()
     finally:
         server.stop(0)
+
+
+def test_actor_process_over_mutual_tls_and_token(processes, tmp_path):
+    """The flags end to end: a learner process with --tls_* and --auth_token_file on TCP, an actor process with
+    its client certificate and the token connects; one without --tls_* never gets in."""
+    pki = make_pki(str(tmp_path / "pki"))
+    token_file = tmp_path / "token"
+    token_file.write_text(TOKEN)
+    address = f"127.0.0.1:{free_tcp_port()}"
+    common = ["--env=fake:vector", "--envs_per_actor=4", "--fake_episode_length=20", f"--auth_token_file={token_file}"]
+    learner = processes.learner([*common, f"--logdir={tmp_path / 'run'}", f"--server_address={address}",
+                                 "--num_actors=2", "--batch_size=4", "--unroll_length=10", "--torch_threads=1",
+                                 f"--tls_cert={pki.server_cert}", f"--tls_key={pki.server_key}", f"--tls_ca={pki.ca}"])
+    good = processes.actor([*common, f"--server_address={address}", "--actor_index=0",
+                            f"--tls_cert={pki.client_cert}", f"--tls_key={pki.client_key}", f"--tls_ca={pki.ca}"],
+                           "tls")
+    plain = processes.actor([*common, f"--server_address={address}", "--actor_index=1"], "plain")
+    wait_for(lambda: "connected to" in processes.output(good), 60, "the TLS actor to connect",
+             on_timeout=lambda: processes.output(learner) + processes.output(good))
+    time.sleep(3)
+    assert "connected to" not in processes.output(plain)
+    assert learner.poll() is None and good.poll() is None
