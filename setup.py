@@ -86,7 +86,7 @@ setup(
     extras_require={
         "atari": ["ale-py>=0.12", "opencv-python-headless"],
         "football": ["gym==0.25.2", "six", "psutil"],
-        "test": ["pytest", "ruff", "pyyaml", "kubernetes-validate==1.37.0"],
+        "test": ["pytest", "ruff", "pyyaml", "kubernetes-validate==1.37.0", "cryptography"],
     },
     entry_points={
         "console_scripts": [

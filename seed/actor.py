@@ -4,7 +4,9 @@ One process, one bidirectional gRPC stream. Each step sends the K envs' single f
 truncations and finished-episode stats, waits for K actions and steps the envs (finished envs are reset at
 once; their new first frame goes out with done=True). When the learner goes away the actor reconnects
 with exponential backoff and a new run id (its envs restart their episodes); a rejected handshake
-(INVALID_ARGUMENT) is a configuration error and ends the actor. SIGTERM ends it cleanly.
+(INVALID_ARGUMENT) or a wrong token (UNAUTHENTICATED) is a configuration error and ends the actor. SIGTERM ends
+it cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
+call's metadata (seed/transport.py).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from seed.actor_stats import ActorStats
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch
-from seed.transport import open_channel
+from seed.transport import TransportSecurity, open_channel
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +38,9 @@ class ConfigurationError(RuntimeError):
 class _Stream:
     """A bidirectional stream driven one request / one response at a time."""
 
-    def __init__(self, stub: seed_pb2_grpc.LearnerStub):
+    def __init__(self, stub: seed_pb2_grpc.LearnerStub, metadata: tuple = ()):
         self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
-        self._responses = stub.Stream(self._requests())
+        self._responses = stub.Stream(self._requests(), metadata=metadata or None)
 
     def _requests(self) -> Iterator[seed_pb2.ActorMessage]:
         while True:
@@ -68,6 +70,7 @@ class Actor:
         self.envs: EnvBatch = make_batch(config.env, config.envs_per_actor,
                                          config.actor_index * config.envs_per_actor, config.env_options())
         self.spec = self.envs.spec
+        self.security = TransportSecurity.from_config(config)
         self.agent_steps = 0
         self.latencies_s: list[float] = []  # round trips of the current log window
         self.connections = 0
@@ -91,7 +94,7 @@ class Actor:
                 except grpc.RpcError as error:
                     if self.stop.is_set():
                         break
-                    if error.code() == grpc.StatusCode.INVALID_ARGUMENT:
+                    if error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
                         raise ConfigurationError(error.details()) from None
                     print(f"[actor {self.config.actor_index}] learner unavailable ({error.code().name}: "
                           f"{error.details()}); reconnecting in {backoff:.1f}s", flush=True)
@@ -112,11 +115,11 @@ class Actor:
 
     def _run_connection(self) -> None:
         run_id = random.SystemRandom().getrandbits(63)
-        with open_channel(self.config.server_address) as channel:
+        with open_channel(self.config.server_address, self.security) as channel:
             self._wait_for_learner(channel)
             if self.stop.is_set():
                 return
-            self._stream = stream = _Stream(seed_pb2_grpc.LearnerStub(channel))
+            self._stream = stream = _Stream(seed_pb2_grpc.LearnerStub(channel), self.security.call_metadata())
             try:
                 self._serve(stream, run_id)
             finally:

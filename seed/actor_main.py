@@ -21,8 +21,13 @@ def main(argv: list[str]) -> None:
         print(f"seed-actor: --actor_index: got {config.actor_index}, expected >= 0", file=sys.stderr)
         sys.exit(2)
     from seed.actor import Actor, ConfigurationError
+    from seed.transport import TransportConfigError
 
-    actor = Actor(config)
+    try:
+        actor = Actor(config)
+    except TransportConfigError as error:
+        print(f"seed-actor: {error}", file=sys.stderr)
+        sys.exit(2)
     signal.signal(signal.SIGTERM, lambda *_: actor.request_stop())
     signal.signal(signal.SIGINT, lambda *_: actor.request_stop())
     try:

@@ -37,14 +37,26 @@ class EnvOptions:
 
     def env_options(self) -> dict[str, Any]:
         """The options dict env families receive (everything but env and envs_per_actor)."""
-        options = dataclasses.asdict(self)
+        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvOptions)}  # never role/secret flags
         for key in ("env", "envs_per_actor"):
             options.pop(key)
         return {key: value for key, value in options.items() if not (key == "action_repeat" and value == 0)}
 
 
 @dataclasses.dataclass
-class ActorConfig(EnvOptions):
+class TransportOptions:
+    """Transport security flags shared by learner and actor (see seed/transport.py)."""
+
+    tls_cert: str = _field("", "Mutual TLS: this side's PEM certificate (learner: server cert; actor: client cert).")
+    tls_key: str = _field("", "Mutual TLS: the PEM private key of --tls_cert.")
+    tls_ca: str = _field("", "Mutual TLS: PEM of the CA that signed the other side's certificate.")
+    auth_token: str = _field("", "Shared secret the actor sends in the Stream call's metadata and the learner checks; "
+                                 "visible in `ps`: prefer --auth_token_file.")
+    auth_token_file: str = _field("", "File holding the shared secret (e.g. a mounted Kubernetes Secret).")
+
+
+@dataclasses.dataclass
+class ActorConfig(EnvOptions, TransportOptions):
     server_address: str = _field("localhost:8686", "Learner address: host:port or unix:/path/to.sock.")
     actor_index: int = _field(0, "This actor's index; it owns env ids [index*K, (index+1)*K).")
     reconnect_max_backoff_s: float = _field(5.0, "Longest wait between reconnection attempts (seconds).")
@@ -52,14 +64,19 @@ class ActorConfig(EnvOptions):
     stats_file: str = _field("", "Append throughput/latency/CPU rows (JSON Lines, see seed/actor_stats.py) here; "
                                  "'' = off. Used by seed-bench.")
     stats_interval_s: float = _field(1.0, "Seconds between rows of --stats_file (one more is written on exit).")
+    tls_server_name: str = _field("", "Mutual TLS: the name on the learner's certificate, if not the dialled host.")
 
 
 @dataclasses.dataclass
-class LearnerConfig(EnvOptions):
+class LearnerConfig(EnvOptions, TransportOptions):
     agent: str = _field("vtrace", "vtrace or r2d2.")
     logdir: str = _field("", "Where metrics, TensorBoard events and checkpoints go; default logs/<agent>-<env>.")
-    server_address: str = _field("unix:{logdir}/learner.sock,[::]:8686",
-                                 "Comma-separated listen addresses (host:port or unix:/path); {logdir} is replaced.")
+    server_address: str = _field("unix:{logdir}/learner.sock,127.0.0.1:8686",
+                                 "Comma-separated listen addresses (host:port or unix:/path); {logdir} is replaced. "
+                                 "Loopback by default; another interface (e.g. 0.0.0.0:8686) needs --auth_token(_file) "
+                                 "or --tls_*, or --allow_insecure_remote.")
+    allow_insecure_remote: bool = _field(False, "Listen on a non-loopback --server_address without a token or TLS "
+                                                "(anyone who reaches the port can drive the learner).")
     num_actors: int = _field(2, "Actor processes the learner accepts (actor_index in [0, num_actors)).")
     inference_batch_size: int = _field(-1, "Env rows per inference batch; -1 = max(envs_per_actor, num_envs // 2).")
     batch_timeout_ms: float = _field(2.0, "Run a partial inference batch this long after its oldest request.")

@@ -57,11 +57,29 @@ def validate(config: LearnerConfig) -> None:
             raise ValueError(f"--{name}: got {value!r}, expected cpu or cuda:N")
 
 
+def install_transport_security(config: LearnerConfig) -> None:
+    """Builds the transport security from the flags, checks the listen addresses against it and installs it as
+    the default of seed.transport.start_grpc_server; the token is then blanked in `config`, so it never reaches
+    --print_config, logs or the checkpoint."""
+    from seed import transport
+
+    security = transport.TransportSecurity.from_config(config, read_files=not config.print_config)
+    transport.check_listen_security(transport.listen_addresses(config.server_address), security)
+    transport.set_default_security(security)
+    if config.auth_token:
+        config.auth_token = transport.REDACTED
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
         config = resolve_config(explicit_flags(LearnerConfig, flags.FLAGS))
+    except ValueError as error:
+        print(f"seed-learner: {error}", file=sys.stderr)
+        sys.exit(2)
+    try:
+        install_transport_security(config)
     except ValueError as error:
         print(f"seed-learner: {error}", file=sys.stderr)
         sys.exit(2)

@@ -384,3 +384,26 @@ def test_flags_parse_with_absl(overlay, tmp_path):
     assert not mismatched, f"learner and actors would build different envs: {mismatched}"
     assert learner["num_actors"] >= find(docs, "StatefulSet", ACTOR)["spec"]["replicas"]
     assert learner["logdir"].startswith("/logdir/")
+
+
+@pytest.mark.parametrize("overlay", OVERLAYS)
+def test_learner_listens_on_every_interface_only_with_the_token_from_a_secret(overlay):
+    """The learner binds 0.0.0.0 explicitly (it refuses a non-loopback address without credentials); learner and
+    actors read the same token file from the same Secret, never a token on the command line or in a ConfigMap."""
+    docs = render(overlay)
+    learner_flags, actor_flags = (effective(f) for f in seed_flags(docs))
+    assert learner_flags["server_address"].startswith("0.0.0.0:")
+    assert "allow_insecure_remote" not in learner_flags
+    secrets = set()
+    for workload, name, flags in ((LEARNER, "learner", learner_flags), (ACTOR, "actor", actor_flags)):
+        assert "auth_token" not in flags, f"{workload}: the token itself must not be a flag"
+        path = flags["auth_token_file"]
+        volumes = {v["name"]: v for v in pod_spec(docs, workload)["volumes"]}
+        [mount] = [m for m in container(docs, workload, name)["volumeMounts"]
+                   if path.startswith(m["mountPath"].rstrip("/") + "/")]
+        secret = volumes[mount["name"]]["secret"]
+        assert mount.get("readOnly") and path[len(mount["mountPath"].rstrip("/")) + 1:] == "token"
+        assert secret["defaultMode"] & 0o007 == 0, "the token must not be world-readable"
+        assert pod_spec(docs, workload)["securityContext"].get("fsGroup"), f"{workload}: no fsGroup to read it"
+        secrets.add(secret["secretName"])
+    assert secrets == {"seed-auth"}

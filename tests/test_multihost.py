@@ -110,18 +110,29 @@ def _command(script: str, module: str) -> list[str]:
     return [path] if os.access(path, os.X_OK) else [sys.executable, "-m", module]
 
 
+def _token_file(logdir: str) -> str:
+    """The shared token (a non-loopback learner refuses to start without credentials)."""
+    path = os.path.join(os.path.dirname(logdir), "token")
+    if not os.path.exists(path):
+        with open(path, "w") as f:
+            f.write("multihost-test-token\n")
+    return path
+
+
 def _start_learner(procs: NetnsProcesses, ns: Namespaces, logdir: str, name: str) -> subprocess.Popen:
     flags = dict(env="fake:vector", logdir=logdir, server_address=ADDRESS, num_actors=2, envs_per_actor=4,
+                 auth_token_file=_token_file(logdir),
                  batch_size=4, unroll_length=10, log_interval_s=0.5, checkpoint_interval_s=3600,
                  total_environment_frames=int(1e12), torch_threads=1, fake_episode_length=20)
     return procs.run_in(ns.learner, _command("seed-learner", "seed.learner_main") +
                         [f"--{k}={v}" for k, v in flags.items()], name)
 
 
-def _start_actors(procs: NetnsProcesses, ns: Namespaces) -> list[subprocess.Popen]:
+def _start_actors(procs: NetnsProcesses, ns: Namespaces, logdir: str) -> list[subprocess.Popen]:
     return [procs.run_in(ns.actor, _command("seed-actor", "seed.actor_main") +
                          ["--env=fake:vector", f"--server_address={ADDRESS}", f"--actor_index={i}",
-                          "--envs_per_actor=4", "--fake_episode_length=20"], f"actor{i}") for i in range(2)]
+                          "--envs_per_actor=4", "--fake_episode_length=20", f"--auth_token_file={_token_file(logdir)}"],
+                         f"actor{i}") for i in range(2)]
 
 
 def _train_steps(logdir: str) -> int:
@@ -140,7 +151,7 @@ def _stop_learner(learner: subprocess.Popen, logdir: str) -> None:
 def test_actors_train_with_a_learner_on_another_host(netns, procs, tmp_path):
     logdir = str(tmp_path / "run")
     learner = _start_learner(procs, netns, logdir, "learner")
-    actors = _start_actors(procs, netns)
+    actors = _start_actors(procs, netns, logdir)
     wait_for(lambda: _train_steps(logdir) >= 20, 50, "20 training steps over the veth link",
              on_timeout=lambda: procs.output(learner) + "".join(procs.output(a) for a in actors))
     last = read_metrics(logdir)[-1]
@@ -159,7 +170,7 @@ def test_actors_train_with_a_learner_on_another_host(netns, procs, tmp_path):
 def test_restarted_learner_resumes_and_remote_actors_reconnect(netns, procs, tmp_path):
     logdir = str(tmp_path / "run")
     first = _start_learner(procs, netns, logdir, "learner1")
-    _start_actors(procs, netns)
+    _start_actors(procs, netns, logdir)
     wait_for(lambda: _train_steps(logdir) >= 5, 45, "training before the restart",
              on_timeout=lambda: procs.output(first))
     _stop_learner(first, logdir)
