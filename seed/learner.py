@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 from seed import checkpoint
@@ -36,7 +37,7 @@ from seed.replay import PrioritizedReplay
 from seed.serving.notify import RequestBatcher, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
-from seed.transport import listen_addresses
+from seed.transport import default_security, listen_addresses
 
 log = logging.getLogger(__name__)
 
@@ -57,8 +58,9 @@ class Learner:
 
         self.agent = agent_module(config.agent).Agent(self.spec, config)
         self.agent.to(self.training_device)
+        # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
         self.optimizer = torch.optim.Adam(self.agent.network.parameters(), lr=config.learning_rate,
-                                          eps=config.adam_epsilon, betas=(config.adam_beta1, 0.999))
+                                          eps=config.adam_epsilon, betas=(config.adam_beta1, 0.999), foreach=True)
         restored = checkpoint.load(config.logdir)
         counters = restored["counters"] if restored else {}
         if restored:
@@ -95,7 +97,8 @@ class Learner:
         self.inference = self.inferences[0]
         self.serving = ServingProcess(self.slab.layout, self.spec, listen_addresses(config.server_address),
                                       2 * config.num_actors + 8, [w for _, w in self._request_pipes],
-                                      self._reply_read, self.metrics.record_actor_episodes)
+                                      self._reply_read, self.metrics.record_actor_episodes,
+                                      security=default_security(), max_message_bytes=self._max_message_bytes())
         self._inference_threads = [
             threading.Thread(target=self._serve_inference, args=(inference, batcher), name=f"inference-{i}",
                              daemon=True)
@@ -128,6 +131,13 @@ class Learner:
         except (ValueError, KeyError) as error:
             print(f"[learner] no human-normalised scores: {error}", flush=True)
             return None
+
+    def _max_message_bytes(self) -> int:
+        """The serving process's receive limit: twice a full step message of this env, plus 1 MiB."""
+        spec, k = self.spec, self.config.envs_per_actor
+        observation = int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
+        step = k * (observation + 4 + 1 + 1 + 64)  # frames, reward, done, truncated, a finished episode each
+        return 2 * step + (1 << 20)
 
     def _serve_inference(self, inference: CentralInference, batcher: RequestBatcher) -> None:
         """One inference device's loop: batches of ready slots until the learner stops."""

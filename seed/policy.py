@@ -71,7 +71,8 @@ class EagerPolicy:
 
     def __call__(self, inputs: PolicyInputs) -> PolicyResult:
         cuda = self.device.type == "cuda"
-        on_device = PolicyInputs(*(t.to(self.device, non_blocking=cuda) for t in dataclasses.astuple(inputs)))
+        fields = (inputs.observation, inputs.env_ids, inputs.prev_action, inputs.reward, inputs.done)
+        on_device = PolicyInputs(*(t.to(self.device, non_blocking=True) for t in fields)) if cuda else inputs
         with torch.no_grad():
             action, outputs, state = _run_act(self.agent, self.network, self.table, on_device)
         action = self._results.copy("action", action)

@@ -30,6 +30,17 @@ def _status(pid: int) -> dict[str, int]:
     return values
 
 
+def _serving_pid(learner_pid: int) -> int:
+    """The learner's serving process (its child running seed.serving.process): the one the hostile messages hit."""
+    for task in os.listdir(f"/proc/{learner_pid}/task"):
+        with open(f"/proc/{learner_pid}/task/{task}/children") as f:
+            for child in f.read().split():
+                with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                    if b"seed.serving.process" in cmd.read():
+                        return int(child)
+    raise AssertionError(f"learner {learner_pid} has no serving process")
+
+
 def _rows(path: str) -> list[dict]:
     if not os.path.exists(path):
         return []
@@ -68,7 +79,8 @@ def test_fuzzer_gets_clear_errors_while_honest_actors_keep_their_fps(processes, 
     t0 = time.time()
     time.sleep(WINDOW_S)
     t1 = time.time()
-    before = _status(learner.pid)
+    serving = _serving_pid(learner.pid)
+    before, serving_before = _status(learner.pid), _status(serving)
     out = tmp_path / "fuzz.json"
     fuzz = subprocess.run([sys.executable, "-m", "seed.bench.fuzz", f"--server_address={address}",
                            "--env=gym:CartPole-v1", f"--envs_per_actor={K}", f"--num_actors={NUM_ACTORS}",
@@ -78,7 +90,7 @@ def test_fuzzer_gets_clear_errors_while_honest_actors_keep_their_fps(processes, 
     during_fuzz = _status(learner.pid)
     time.sleep(WINDOW_S)
     t3 = time.time()
-    after = _status(learner.pid)
+    after, serving_after = _status(learner.pid), _status(serving)
 
     report = json.loads(out.read_text())
     fps_before, fps_during, fps_after = _fps(stats, t0, t1), _fps(stats, t1, t2), _fps(stats, t2, t3)
@@ -87,7 +99,9 @@ def test_fuzzer_gets_clear_errors_while_honest_actors_keep_their_fps(processes, 
                "ratio": round(ratio, 3), "fuzz_seconds": report["seconds"],
                "learner_rss_mib": [round(s["VmRSS"] / 1024) for s in (before, during_fuzz, after)],
                "learner_max_rss_mib": round(after["VmHWM"] / 1024),
-               "learner_threads": [s["Threads"] for s in (before, during_fuzz, after)]}
+               "learner_threads": [s["Threads"] for s in (before, during_fuzz, after)],
+               "serving_rss_mib": [round(s["VmRSS"] / 1024) for s in (serving_before, serving_after)],
+               "serving_max_rss_mib": round(serving_after["VmHWM"] / 1024)}
     print("fuzz figures:", json.dumps(figures))
     (tmp_path / "figures.json").write_text(json.dumps(figures))
     where = f"{json.dumps(figures)}\n{json.dumps(report)[:6000]}\n{fuzz.stdout[-2000:]}{fuzz.stderr[-3000:]}"
@@ -107,8 +121,9 @@ def test_fuzzer_gets_clear_errors_while_honest_actors_keep_their_fps(processes, 
             assert "got" in entry["example"] and "expected" in entry["example"], (name, entry)
     assert categories["oversize"]["codes"] == {"RESOURCE_EXHAUSTED": categories["oversize"]["count"]}
     assert report["load_streams"]["abandoned"] >= 40 and report["load_streams"]["never_read"] >= 10
-    # The serving path's known gaps are listed with the error wanted (fixing them flips their code).
-    assert "step.finished" in report["known_gaps"], where
+    # Impossible finished-episode stats are rejected like every other field; no case is a known gap.
+    assert categories["step.finished"]["codes"] == {"INVALID_ARGUMENT": categories["step.finished"]["count"]}, where
+    assert not report["known_gaps"], where
 
     # The learner never crashed, the honest actors never lost their streams, and their FPS held.
     assert learner.poll() is None and all(a.poll() is None for a in actors), where
@@ -118,6 +133,10 @@ def test_fuzzer_gets_clear_errors_while_honest_actors_keep_their_fps(processes, 
     # Memory stays bounded: no growth after the fuzz, an absolute ceiling, and server threads freed.
     assert after["VmRSS"] - before["VmRSS"] < 100 * 1024, where
     assert after["VmHWM"] < 2 * 1024 * 1024, where
+    # The serving process (gRPC, where every hostile message lands) too; it was never restarted.
+    assert serving_after["VmRSS"] - serving_before["VmRSS"] < 100 * 1024, where
+    assert serving_after["VmHWM"] < 1024 * 1024, where
+    assert "restarting it" not in processes.output(learner), where
     assert after["Threads"] <= before["Threads"] + 2 * NUM_ACTORS + 8, where
     rows = read_metrics(logdir)
     assert rows[-1]["train_steps"] > 30, where

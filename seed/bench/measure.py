@@ -29,6 +29,7 @@ from seed.bench.probes import (
     cpu_pressure_seconds,
     machine_busy_seconds,
     process_cpu_times,
+    process_tree_cpu_times,
     start_profiler,
     summarise_profile,
 )
@@ -227,7 +228,7 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
 
         def mark() -> dict[str, Any]:
             rows = read_jsonl(job.metrics_path) if job.metrics_path else []
-            return {"time": time.time(), "learner_cpu": process_cpu_times(server.pid),
+            return {"time": time.time(), "learner_cpu": process_tree_cpu_times(server.pid),
                     "actor_cpu": [process_cpu_times(a.pid) for a in actors],
                     "machine_busy": machine_busy_seconds(), "cpu_pressure": cpu_pressure_seconds(),
                     "learner_row": rows[-1] if rows else None}

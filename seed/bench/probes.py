@@ -27,6 +27,31 @@ def process_cpu_times(pid: int) -> tuple[float, float] | None:
     return int(fields[11]) / ticks, int(fields[12]) / ticks
 
 
+def _children(pid: int) -> list[int]:
+    children = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as f:
+                children += [int(c) for c in f.read().split()]
+    except OSError:
+        pass
+    return children
+
+
+def process_tree_cpu_times(pid: int) -> tuple[float, float] | None:
+    """(user, system) CPU seconds of a live process and its live descendants (the learner's serving process);
+    None if the process is gone."""
+    own = process_cpu_times(pid)
+    if own is None:
+        return None
+    user, system = own
+    for child in _children(pid):
+        times = process_tree_cpu_times(child)
+        if times is not None:
+            user, system = user + times[0], system + times[1]
+    return user, system
+
+
 def machine_busy_seconds() -> float | None:
     """CPU seconds spent busy by the whole machine since boot (all cores; /proc/stat), for the load of others."""
     try:

@@ -27,6 +27,7 @@ from typing import Any
 
 from seed.envs.base import EnvSpec
 from seed.serving.slab import SlabLayout
+from seed.transport import TransportSecurity
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +44,8 @@ class ServingConfig:
     events_fd: int
     max_workers: int
     parent_pid: int
+    max_message_bytes: int
+    security: TransportSecurity  # the token travels on the process's stdin, never in its argv
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -54,7 +57,8 @@ class ServingConfig:
         layout["observation_shape"] = tuple(layout["observation_shape"])
         spec = values.pop("spec")
         spec["observation_shape"] = tuple(spec["observation_shape"])
-        return ServingConfig(layout=SlabLayout(**layout), spec=EnvSpec(**spec), **values)
+        security = TransportSecurity(**values.pop("security"))
+        return ServingConfig(layout=SlabLayout(**layout), spec=EnvSpec(**spec), security=security, **values)
 
 
 class _EventWriter:
@@ -110,8 +114,10 @@ def serve(config: ServingConfig) -> None:
 
     threading.Thread(target=read_replies, name="reply-reader", daemon=True).start()
     try:
-        server, health, bound = start_grpc_server(service, config.addresses, config.max_workers)
-    except RuntimeError as error:
+        server, health, bound = start_grpc_server(service, config.addresses, config.max_workers,
+                                                  security=config.security,
+                                                  max_message_bytes=config.max_message_bytes)
+    except (RuntimeError, ValueError) as error:
         events.send(error=str(error))
         sys.exit(3)
     events.send(bound=bound)
@@ -124,15 +130,17 @@ class ServingProcess:
 
     Args:
       layout: the slab to serve into (created by the learner).
-      spec, addresses, max_workers: as for the gRPC server.
+      spec, addresses, max_workers, security, max_message_bytes: as for the gRPC server (seed.transport).
       request_write_fds: write ends of the request pipes, one per inference device.
       reply_read_fd: read end of the reply pipe.
       on_episodes: called with the raw returns the actors report.
     """
 
     def __init__(self, layout: SlabLayout, spec: EnvSpec, addresses: list[str], max_workers: int,
-                 request_write_fds: list[int], reply_read_fd: int, on_episodes: Callable[[list[float]], None]):
+                 request_write_fds: list[int], reply_read_fd: int, on_episodes: Callable[[list[float]], None],
+                 security: TransportSecurity, max_message_bytes: int):
         self._layout, self._spec, self._addresses, self._max_workers = layout, spec, addresses, max_workers
+        self._security, self._max_message_bytes = security, max_message_bytes
         self._request_fds, self._reply_fd = request_write_fds, reply_read_fd
         self._on_episodes = on_episodes
         self._process: subprocess.Popen | None = None
@@ -147,7 +155,8 @@ class ServingProcess:
         self._ready.clear()
         self._error = None
         config = ServingConfig(self._layout, self._spec, self._addresses, self._request_fds, self._reply_fd,
-                               events_write, self._max_workers, os.getpid())
+                               events_write, self._max_workers, os.getpid(), self._max_message_bytes,
+                               self._security)
         fds = (*self._request_fds, self._reply_fd, events_write)
         self._process = subprocess.Popen([sys.executable, "-m", "seed.serving.process"], stdin=subprocess.PIPE,
                                          pass_fds=fds, text=True)

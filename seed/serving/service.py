@@ -35,9 +35,10 @@ def read_handshake(request_iterator: Iterator[seed_pb2.ActorMessage], context: g
         first = next(request_iterator)
     except StopIteration:
         return None
-    if first.WhichOneof("message") != "handshake":
+    kind = first.WhichOneof("message")
+    if kind != "handshake":
         context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                      f"first message: got {first.WhichOneof('message')}, expected handshake")
+                      f"first message: got {kind or 'an empty ActorMessage'}, expected handshake")
     problem = check(first.handshake)
     if problem:
         context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"handshake rejected: {problem}")
@@ -97,7 +98,23 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         truncated = wire.decode_tensor(step.truncated, "step.truncated", "bool", (k,))
         if not np.isfinite(reward).all():
             raise wire.WireError("step.reward: got a non-finite value, expected finite rewards")
+        for i, episode in enumerate(step.finished):
+            self._check_episode(i, episode)
         return observation, reward, done, truncated
+
+    def _check_episode(self, i: int, episode: seed_pb2.EpisodeStats) -> None:
+        field = f"step.finished[{i}]"
+        if not 0 <= episode.env_index < self.envs_per_actor:
+            raise wire.WireError(f"{field}.env_index: got {episode.env_index}, "
+                                 f"expected 0 <= env_index < {self.envs_per_actor}")
+        for name in ("episode_return", "raw_return"):
+            value = getattr(episode, name)
+            if not np.isfinite(value):
+                raise wire.WireError(f"{field}.{name}: got {value}, expected a finite value")
+        for name in ("steps", "frames"):
+            value = getattr(episode, name)
+            if value < 0:
+                raise wire.WireError(f"{field}.{name}: got {value}, expected >= 0")
 
     def _infer(self, actor: int, run_id: int, arrays: tuple[np.ndarray, ...], context: grpc.ServicerContext
                ) -> np.ndarray:
@@ -105,7 +122,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         slot, slab = self.slots[actor], self.slab
         with slot.lock:
             if int(slab.live_run[actor]) != run_id:
-                context.abort(grpc.StatusCode.ABORTED, f"actor {actor} run {run_id:x} was replaced by a newer run")
+                context.abort(grpc.StatusCode.ABORTED, self._replaced(actor, run_id))
             slot.replied.clear()
             seq = slab.write_request(actor, run_id, *arrays)
             notify.send_request(self.request_fds[actor % len(self.request_fds)], actor, seq)
@@ -118,10 +135,14 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             status = int(slab.reply_status[actor])
             actions = slab.action[slab.rows(actor)].copy()
         if status == REPLY_STALE:
-            context.abort(grpc.StatusCode.ABORTED, f"actor {actor} run {run_id:x} was replaced by a newer run")
+            context.abort(grpc.StatusCode.ABORTED, self._replaced(actor, run_id))
         if status != REPLY_OK:
             context.abort(grpc.StatusCode.INTERNAL, "inference failed for this batch; reconnect")
         return actions
+
+    def _replaced(self, actor: int, run_id: int) -> str:
+        return (f"actor {actor}: actor_index {actor} run 0x{run_id:x} was replaced by a newer handshake "
+                f"(run 0x{int(self.slab.live_run[actor]):x}); expected steps from the newest run only")
 
     def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
         handshake = read_handshake(request_iterator, context, self._check_handshake)
