@@ -25,7 +25,7 @@ def n_step_targets(rewards: torch.Tensor, done: torch.Tensor, truncated: torch.T
                    n: int, discount: float) -> tuple[torch.Tensor, torch.Tensor]:
     """n-step targets for the T transitions of a segment of T + 1 steps (indices 0..T).
 
-    Step semantics (DESIGN.md): the action at step t earns `rewards[t + 1]`; `done[t + 1]` means the episode
+    Step semantics (docs/ARCHITECTURE.md): the action at step t earns `rewards[t + 1]`; `done[t + 1]` means the episode
     ended after that action (and step t + 1 is the first step of the next episode); `truncated[t + 1]` means
     it ended by the time limit.
 
