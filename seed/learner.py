@@ -220,11 +220,12 @@ class Learner:
         logger = _PeriodicLogger(self, start)
         logger.start()
         last_checkpoint = start
+        retry_at = 0.0  # when a failed serving-process restart is tried again
         try:
             while not self.stop_event.is_set() and self.metrics.env_frames < config.total_environment_frames:
                 self.train_step()
-                if not self.serving.alive() and not self.stop_event.is_set():
-                    self.serving.restart()
+                if not self.serving.alive() and not self.stop_event.is_set() and time.monotonic() > retry_at:
+                    retry_at = time.monotonic() + (0.0 if self.serving.restart() else 5.0)
                 if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:
                     self.checkpoint()
                     last_checkpoint = time.monotonic()
@@ -253,7 +254,7 @@ class Learner:
         return summary
 
     def _close(self) -> None:
-        """Releases the slab and the pipes (the serving process has exited)."""
+        """Releases the slab's descriptor and the pipes (the serving process has exited)."""
         self.serving.stop()
         for fd in (self._reply_read, self._reply_write, *(fd for pipe in self._request_pipes for fd in pipe)):
             try:
@@ -261,7 +262,7 @@ class Learner:
             except OSError:
                 pass
         self._request_pipes, self._reply_read, self._reply_write = [], -1, -1
-        self.slab.unlink()
+        self.slab.release()
 
     def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:
         """Extra values for the metrics row (agents with replay add theirs through `agent.metrics()`)."""

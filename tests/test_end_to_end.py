@@ -134,3 +134,56 @@ def test_each_inference_device_serves_its_actors(tmp_path):
         assert status == REPLY_OK and actions.shape == (4,)
     assert learner.inferences[0].actor_run.tolist() == [1, 0]
     assert learner.inferences[1].actor_run.tolist() == [0, 1]
+
+
+def _serving_pid(learner_pid):
+    """The learner's serving process (the child running seed.serving.process), or None."""
+    for task in os.listdir(f"/proc/{learner_pid}/task"):
+        with open(f"/proc/{learner_pid}/task/{task}/children") as f:
+            for child in f.read().split():
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                        if b"seed.serving.process" in cmd.read():
+                            return int(child)
+                except OSError:
+                    pass
+    return None
+
+
+def _alive(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_killed_serving_process_is_restarted_and_a_killed_learner_takes_it_along(processes, tmp_path):
+    logdir = str(tmp_path / "run")
+    port = free_tcp_port()
+    address = f"127.0.0.1:{port}"
+    learner = processes.learner(_learner_args(logdir, address))
+    actors = [processes.actor(_actor_args(address, i), f"actor{i}") for i in range(2)]
+    wait_for(lambda: _trained(logdir, 10), 90, "training", on_timeout=lambda: processes.output(learner))
+    first = _serving_pid(learner.pid)
+    assert first is not None
+    os.kill(first, signal.SIGKILL)
+    wait_for(lambda: "restarting it" in processes.output(learner), 30, "the learner to restart its serving process",
+             on_timeout=lambda: processes.output(learner))
+    second = wait_for(lambda: _serving_pid(learner.pid) not in (None, first) and _serving_pid(learner.pid), 30,
+                      "a new serving process")
+    # Actors reconnect to the new serving process by themselves and training goes on.
+    for i, actor in enumerate(actors):
+        wait_for(lambda i=i, a=actor: processes.output(a).count(f"[actor {i}] connected to") >= 2, 60,
+                 f"actor {i} to reconnect", on_timeout=lambda a=actor: processes.output(a))
+        assert actor.poll() is None
+    steps = read_metrics(logdir)[-1]["train_steps"]
+    wait_for(lambda: _trained(logdir, steps + 10), 90, "training after the serving restart",
+             on_timeout=lambda: processes.output(learner) + processes.output(actors[0]))
+    # A SIGKILLed learner leaves no serving process holding its port: a new learner binds the same address.
+    learner.kill()
+    learner.wait(timeout=10)
+    wait_for(lambda: not _alive(second), 10, "the orphaned serving process to exit")
+    again = processes.learner(_learner_args(logdir, address), "learner2")
+    wait_for(lambda: "listening on" in processes.output(again), 60, "the new learner to listen",
+             on_timeout=lambda: processes.output(again))

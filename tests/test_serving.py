@@ -33,7 +33,7 @@ def _step(actor, run_id=1, reward=1.0, done=False, observation=None):
 def slab():
     slab = StepSlab.create(num_actors=3, envs_per_actor=K, observation_shape=(8,), observation_dtype="float32")
     yield slab
-    slab.unlink()
+    slab.release()
 
 
 @pytest.fixture

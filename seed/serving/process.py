@@ -99,7 +99,10 @@ def serve(config: ServingConfig) -> None:
     from seed.transport import start_grpc_server
 
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    # The handler only sets a flag: calling stop.set() from a signal handler can deadlock when the signal lands
+    # while this thread is inside the same Event's lock (seen with SIGTERM arriving during stop.wait()).
+    terminated = [False]
+    signal.signal(signal.SIGTERM, lambda *_: terminated.__setitem__(0, True))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the learner, which stops us in order
     _die_with_parent(config.parent_pid, stop)
     events = _EventWriter(config.events_fd)
@@ -121,7 +124,9 @@ def serve(config: ServingConfig) -> None:
         events.send(error=str(error))
         sys.exit(3)
     events.send(bound=bound)
-    stop.wait()
+    while not terminated[0] and not stop.wait(0.2):
+        pass
+    stop.set()
     server.stop(grace=1.0).wait(5)
 
 
@@ -157,7 +162,7 @@ class ServingProcess:
         config = ServingConfig(self._layout, self._spec, self._addresses, self._request_fds, self._reply_fd,
                                events_write, self._max_workers, os.getpid(), self._max_message_bytes,
                                self._security)
-        fds = (*self._request_fds, self._reply_fd, events_write)
+        fds = (*self._request_fds, self._reply_fd, events_write, self._layout.fd)
         self._process = subprocess.Popen([sys.executable, "-m", "seed.serving.process"], stdin=subprocess.PIPE,
                                          pass_fds=fds, text=True)
         os.close(events_write)
@@ -190,11 +195,17 @@ class ServingProcess:
     def alive(self) -> bool:
         return self._process is not None and self._process.poll() is None
 
-    def restart(self) -> None:
-        """Starts a fresh serving process after the last one died; actors reconnect by themselves."""
+    def restart(self) -> bool:
+        """Starts a fresh serving process after the last one died; actors reconnect by themselves. Whether it
+        serves again; the caller retries later if not (e.g. its port is still held)."""
         self.restarts += 1
         print(f"[learner] serving process exited with {self._process.returncode}; restarting it", flush=True)
-        self.start()
+        try:
+            self.start()
+            return True
+        except RuntimeError as error:
+            print(f"[learner] serving process did not start: {error}; retrying", flush=True)
+            return False
 
     def stop(self) -> None:
         process = self._process
@@ -208,6 +219,20 @@ class ServingProcess:
             process.wait()
 
 
-if __name__ == "__main__":
+def main() -> None:
+    """Reads the configuration from stdin and serves; a failure before serving reaches the learner as an error
+    event (with the traceback on stderr), so the learner can say why its serving process did not start."""
     logging.basicConfig(level=logging.WARNING)
-    serve(ServingConfig.from_json(sys.stdin.read()))
+    config = ServingConfig.from_json(sys.stdin.read())
+    try:
+        serve(config)
+    except Exception as error:
+        try:
+            _EventWriter(config.events_fd).send(error=f"serving process failed: {type(error).__name__}: {error}")
+        except OSError:
+            pass
+        raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,9 +1,11 @@
 """The step slab: every env's latest step in shared memory, written by the serving process, read by inference.
 
-One file in /dev/shm (or the temp dir) mapped by both processes. Rows are indexed by env id, so actor `a`
-with K envs owns rows [a*K, (a+1)*K) and an inference batch is one gather of the ready actors' rows, however
-many actors it holds. Each actor has exactly one request in flight (the stream is request/reply), so one slot
-per actor is all the buffering there is: no queue, no per-request Python object on the inference side.
+One anonymous shared-memory file (memfd; never a name in /dev/shm, so a killed learner leaves nothing behind),
+mapped by the learner and by the serving process, which inherits its file descriptor. Rows are indexed by env
+id, so actor `a` with K envs owns rows [a*K, (a+1)*K) and an inference batch is one gather of the ready
+actors' rows, however many actors it holds. Each actor has exactly one request in flight (the stream is
+request/reply), so one slot per actor is all the buffering there is: no queue, no per-request Python object
+on the inference side.
 
 Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
 
@@ -32,8 +34,6 @@ import mmap
 import os
 import tempfile
 import time
-import uuid
-import weakref
 
 import numpy as np
 
@@ -43,9 +43,12 @@ _ALIGN = 64  # bytes; every array starts on a cache line
 
 @dataclasses.dataclass(frozen=True)
 class SlabLayout:
-    """What both processes need to map the same slab (picklable: it crosses the process boundary)."""
+    """What both processes need to map the same slab (plain values: it crosses the process boundary as JSON).
 
-    path: str
+    fd: the learner's descriptor of the shared file; the serving process inherits the same number.
+    """
+
+    fd: int
     num_actors: int
     envs_per_actor: int
     observation_shape: tuple[int, ...]
@@ -75,26 +78,25 @@ class SlabLayout:
         return offsets, size
 
 
-def _unlink_quietly(path: str) -> None:
-    try:
+def _shared_file(nbytes: int) -> int:
+    """A zero-filled shared file of `nbytes` with no name: memfd on Linux, else a temp file unlinked at once."""
+    if hasattr(os, "memfd_create"):
+        fd = os.memfd_create("seed-step-slab", 0)  # no MFD_CLOEXEC: the serving process inherits it
+    else:
+        fd, path = tempfile.mkstemp(prefix="seed-slab-")
         os.unlink(path)
-    except FileNotFoundError:
-        pass
-
-
-def _shared_directory() -> str:
-    return "/dev/shm" if os.path.isdir("/dev/shm") and os.access("/dev/shm", os.W_OK) else tempfile.gettempdir()
+    os.ftruncate(fd, nbytes)
+    return fd
 
 
 class StepSlab:
     """NumPy views of one mapped slab. `create` makes (and later `unlink`s) the file; `attach` maps it."""
 
-    def __init__(self, layout: SlabLayout, fd: int, owner: bool):
+    def __init__(self, layout: SlabLayout, owner: bool):
         self.layout = layout
         self.owner = owner
         offsets, self.nbytes = layout.offsets()
-        self._map = mmap.mmap(fd, self.nbytes)
-        os.close(fd)
+        self._map = mmap.mmap(layout.fd, self.nbytes)
         for name, dtype, shape in layout.fields():
             count = math.prod(shape)
             view = np.frombuffer(self._map, dtype=dtype, count=count, offset=offsets[name]).reshape(shape)
@@ -104,17 +106,15 @@ class StepSlab:
     @classmethod
     def create(cls, num_actors: int, envs_per_actor: int, observation_shape: tuple[int, ...],
                observation_dtype: str) -> StepSlab:
-        path = os.path.join(_shared_directory(), f"seed-slab-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-        layout = SlabLayout(path, num_actors, envs_per_actor, tuple(observation_shape), observation_dtype)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
-        os.ftruncate(fd, layout.offsets()[1])  # zero-filled
-        slab = cls(layout, fd, owner=True)
-        weakref.finalize(slab, _unlink_quietly, path)  # also at interpreter exit
-        return slab
+        layout = SlabLayout(-1, num_actors, envs_per_actor, tuple(observation_shape), observation_dtype)
+        fd = _shared_file(layout.offsets()[1])
+        os.set_inheritable(fd, True)
+        return cls(dataclasses.replace(layout, fd=fd), owner=True)
 
     @classmethod
     def attach(cls, layout: SlabLayout) -> StepSlab:
-        return cls(layout, os.open(layout.path, os.O_RDWR), owner=False)
+        """Maps the slab whose descriptor this process holds (inherited, or the owner's own)."""
+        return cls(layout, owner=False)
 
     def rows(self, actor: int) -> slice:
         k = self.envs_per_actor
@@ -148,6 +148,11 @@ class StepSlab:
         except BufferError:  # a view is still alive somewhere; the mapping goes with the process
             pass
 
-    def unlink(self) -> None:
-        if self.owner:
-            _unlink_quietly(self.layout.path)
+    def release(self) -> None:
+        """The owner's descriptor is closed; the memory goes away with the last mapping."""
+        if self.owner and self.layout.fd >= 0:
+            try:
+                os.close(self.layout.fd)
+            except OSError:
+                pass
+            self.owner = False
