@@ -99,3 +99,17 @@ def serve_steps(inference, steps):
         seqs.append(slab.write_request(actor, run_id, observation, reward, done, truncated))
     inference.run_batch(np.array(actors, np.int64), np.array(seqs, np.int64))
     return {a: (int(slab.reply_status[a]), slab.action[slab.rows(a)].copy()) for a in actors}
+
+
+def serving_pid(learner_pid: int) -> int | None:
+    """The learner's serving process (its child running seed.serving.process), or None."""
+    for task in os.listdir(f"/proc/{learner_pid}/task"):
+        with open(f"/proc/{learner_pid}/task/{task}/children") as f:
+            for child in f.read().split():
+                try:
+                    with open(f"/proc/{child}/cmdline", "rb") as cmd:
+                        if b"seed.serving.process" in cmd.read():
+                            return int(child)
+                except OSError:  # it just exited
+                    pass
+    return None

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests.conftest import free_tcp_port, read_metrics, wait_for
+from tests.conftest import free_tcp_port, read_metrics, serving_pid, wait_for
 
 REQUIRED_KEYS = {
     "time_s", "env_frames", "env_frames_per_sec", "train_steps", "train_steps_per_sec", "episodes",
@@ -136,20 +136,6 @@ def test_each_inference_device_serves_its_actors(tmp_path):
     assert learner.inferences[1].actor_run.tolist() == [0, 1]
 
 
-def _serving_pid(learner_pid):
-    """The learner's serving process (the child running seed.serving.process), or None."""
-    for task in os.listdir(f"/proc/{learner_pid}/task"):
-        with open(f"/proc/{learner_pid}/task/{task}/children") as f:
-            for child in f.read().split():
-                try:
-                    with open(f"/proc/{child}/cmdline", "rb") as cmd:
-                        if b"seed.serving.process" in cmd.read():
-                            return int(child)
-                except OSError:
-                    pass
-    return None
-
-
 def _alive(pid):
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -165,17 +151,19 @@ def test_killed_serving_process_is_restarted_and_a_killed_learner_takes_it_along
     learner = processes.learner(_learner_args(logdir, address))
     actors = [processes.actor(_actor_args(address, i), f"actor{i}") for i in range(2)]
     wait_for(lambda: _trained(logdir, 10), 90, "training", on_timeout=lambda: processes.output(learner))
-    first = _serving_pid(learner.pid)
+    for i in range(2):  # actor 0 alone can provide the training steps: both must be connected before the kill
+        wait_for(lambda i=i: f"actor {i} connected" in processes.output(learner), 60, f"actor {i} to connect")
+    first = serving_pid(learner.pid)
     assert first is not None
     os.kill(first, signal.SIGKILL)
     wait_for(lambda: "restarting it" in processes.output(learner), 30, "the learner to restart its serving process",
              on_timeout=lambda: processes.output(learner))
-    second = wait_for(lambda: _serving_pid(learner.pid) not in (None, first) and _serving_pid(learner.pid), 30,
+    second = wait_for(lambda: serving_pid(learner.pid) not in (None, first) and serving_pid(learner.pid), 30,
                       "a new serving process")
     # Actors reconnect to the new serving process by themselves and training goes on.
     for i, actor in enumerate(actors):
         wait_for(lambda i=i, a=actor: processes.output(a).count(f"[actor {i}] connected to") >= 2, 60,
-                 f"actor {i} to reconnect", on_timeout=lambda a=actor: processes.output(a))
+                 f"actor {i} to reconnect", on_timeout=lambda a=actor: processes.output(a) + processes.output(learner))
         assert actor.poll() is None
     steps = read_metrics(logdir)[-1]["train_steps"]
     wait_for(lambda: _trained(logdir, steps + 10), 90, "training after the serving restart",

@@ -13,7 +13,7 @@ import subprocess
 import sys
 import time
 
-from tests.conftest import REPO, read_metrics, wait_for
+from tests.conftest import REPO, read_metrics, serving_pid, wait_for
 
 NUM_ACTORS, HONEST, K = 6, 2, 4
 WINDOW_S = 20.0
@@ -28,17 +28,6 @@ def _status(pid: int) -> dict[str, int]:
             if key in ("VmRSS", "VmHWM", "Threads"):
                 values[key] = int(rest.split()[0])
     return values
-
-
-def _serving_pid(learner_pid: int) -> int:
-    """The learner's serving process (its child running seed.serving.process): the one the hostile messages hit."""
-    for task in os.listdir(f"/proc/{learner_pid}/task"):
-        with open(f"/proc/{learner_pid}/task/{task}/children") as f:
-            for child in f.read().split():
-                with open(f"/proc/{child}/cmdline", "rb") as cmd:
-                    if b"seed.serving.process" in cmd.read():
-                        return int(child)
-    raise AssertionError(f"learner {learner_pid} has no serving process")
 
 
 def _rows(path: str) -> list[dict]:
@@ -79,7 +68,8 @@ def test_fuzzer_gets_clear_errors_while_honest_actors_keep_their_fps(processes, 
     t0 = time.time()
     time.sleep(WINDOW_S)
     t1 = time.time()
-    serving = _serving_pid(learner.pid)
+    serving = serving_pid(learner.pid)
+    assert serving is not None, processes.output(learner)
     before, serving_before = _status(learner.pid), _status(serving)
     out = tmp_path / "fuzz.json"
     fuzz = subprocess.run([sys.executable, "-m", "seed.bench.fuzz", f"--server_address={address}",
