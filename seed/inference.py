@@ -111,6 +111,7 @@ class CentralInference:
         self._inputs_host = {name: torch.zeros(num_envs, dtype=dtype, pin_memory=pin)
                              for name, dtype in (("env_ids", torch.int64), ("prev_action", torch.int64),
                                                  ("reward", torch.float32), ("done", torch.bool))}
+        self._inputs_np = {name: tensor.numpy() for name, tensor in self._inputs_host.items()}
         policy_args = (agent, network, self.state_table, device)
         self.policy = GraphedPolicy(*policy_args, self.k) if cuda_graphs and pin else EagerPolicy(*policy_args)
 
@@ -126,8 +127,12 @@ class CentralInference:
         else:
             self._run_batch(actors, seqs)
 
-    def _requests(self, actors: np.ndarray, seqs: np.ndarray) -> np.ndarray:
-        """The live requests' actor indices; answers stale ones (their actor run was replaced)."""
+    def _env_ids(self, actors: np.ndarray) -> np.ndarray:
+        """int64 [n * K]: the rows of `actors`, actor by actor."""
+        return (actors[:, None] * self.k + np.arange(self.k)).reshape(-1)
+
+    def _requests(self, actors: np.ndarray, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The live requests (actors, seqs), one per slot; answers stale ones (their actor run was replaced)."""
         slab = self.slab
         current = seqs == slab.request_seq[actors]  # else the notification outlived its request
         actors, seqs = actors[current], seqs[current]
@@ -168,10 +173,10 @@ class CentralInference:
         slab, table, k = self.slab, self.state_table, self.k
         runs = slab.request_run[actors]
         arrivals = slab.arrival_s[actors]
-        env_ids = (actors[:, None] * k + np.arange(k)).reshape(-1)
+        env_ids = self._env_ids(actors)
         is_new = self.actor_run[actors] != runs
         if is_new.any():  # first contact of these env ids, or their actor restarted: fresh rows
-            new_ids = (actors[is_new][:, None] * k + np.arange(k)).reshape(-1)
+            new_ids = self._env_ids(actors[is_new])
             table.reset(new_ids)
             self.unroll_store.reset(torch.from_numpy(new_ids))
             self.prev_action[new_ids] = 0
@@ -188,7 +193,7 @@ class CentralInference:
         host = self._inputs_host
         for name, values in (("env_ids", env_ids), ("prev_action", prev_action), ("reward", reward),
                              ("done", done)):
-            host[name].numpy()[:b] = values
+            self._inputs_np[name][:b] = values
         # One row memcpy per env with NumPy: torch's index_select here woke the intra-op thread pool on every
         # batch and cost 40% of the inference thread beside a training step (H100 profile, R2D2 Pong).
         np.take(self._observations_np, env_ids, axis=0, out=self._staging_np[:b], mode="clip")

@@ -255,7 +255,6 @@ class Learner:
 
     def _close(self) -> None:
         """Releases the slab's descriptor and the pipes (the serving process has exited)."""
-        self.serving.stop()
         for fd in (self._reply_read, self._reply_write, *(fd for pipe in self._request_pipes for fd in pipe)):
             try:
                 os.close(fd)

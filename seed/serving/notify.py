@@ -70,15 +70,13 @@ class RequestBatcher:
         self._poll.register(fd, select.POLLIN)
         self._pending = np.empty(0, REQUEST_DTYPE)
         self._partial = b""
-        self.closed = False
 
     def _fill(self, timeout_s: float) -> bool:
         """Reads whatever notifications arrive within `timeout_s`; whether any did."""
         if not self._poll.poll(max(0, int(timeout_s * 1000 + 0.999))):
             return False
         data = os.read(self._fd, 1 << 16)
-        if not data:
-            self.closed = True
+        if not data:  # every writer closed (the learner holds one, so only at its exit)
             return False
         data = self._partial + data
         whole = len(data) - len(data) % REQUEST_DTYPE.itemsize

@@ -126,12 +126,12 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             slot.replied.clear()
             seq = slab.write_request(actor, run_id, *arrays)
             notify.send_request(self.request_fds[actor % len(self.request_fds)], actor, seq)
-            while not (slot.replied.wait(0.5) and slab.answered(actor, seq)):
-                if self.stop.is_set():
+            # A wake-up may belong to an earlier request; only the reply's sequence number says it is ours.
+            while not slab.answered(actor, seq):
+                if slot.replied.wait(0.5):
+                    slot.replied.clear()
+                elif self.stop.is_set():
                     context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
-                slot.replied.clear()
-                if slab.answered(actor, seq):
-                    break
             status = int(slab.reply_status[actor])
             actions = slab.action[slab.rows(actor)].copy()
         if status == REPLY_STALE:
