@@ -126,7 +126,11 @@ class LearnerConfig(EnvOptions, TransportOptions):
     priority_eta: float = _field(0.9, "R2D2: sequence priority eta max|delta| + (1 - eta) mean|delta|.")
     epsilon_base: float = _field(0.4, "R2D2: training env i of N explores with base^(1 + alpha i / (N - 1)).")
     epsilon_alpha: float = _field(7.0, "R2D2: alpha of the epsilon schedule.")
-    num_eval_envs: int = _field(0, "The last N env ids only evaluate (R2D2: eps = eval_epsilon, not replayed).")
+    num_eval_envs: int = _field(0, "The last N env ids only evaluate: never trained on, they play the evaluation "
+                                   "policy (V-trace: sampled, or greedy with --eval_greedy; R2D2: eps = "
+                                   "eval_epsilon) and feed eval/return_running_mean_100.")
+    eval_greedy: bool = _field(False, "V-trace: evaluation envs (and seed-eval) play the policy's argmax instead of "
+                                      "sampling from it.")
     eval_epsilon: float = _field(1e-3, "R2D2: epsilon of eval envs.")
     checkpoint_replay: bool = _field(False, "R2D2: save the replay with each checkpoint (can be many GB).")
     atari_scores_file: str = _field("", "CSV game,human,random adding reference scores for human-normalised "

@@ -115,6 +115,16 @@ class Agent:
         action = torch.where(explore, random_action, q.argmax(-1))
         return ActOutput(action=action, outputs={"q_values": q}, state=new_state)
 
+    def evaluation_act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        """The evaluation policy on every row: epsilon-greedy with `eval_epsilon` (paper: 0.001)."""
+        q, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
+                               batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
+        q = q[0]
+        explore = torch.rand(q.shape[0], device=q.device) < self.config.eval_epsilon
+        random_action = torch.randint(0, q.shape[-1], (q.shape[0],), device=q.device)
+        return ActOutput(action=torch.where(explore, random_action, q.argmax(-1)), outputs={"q_values": q},
+                         state=new_state)
+
     def _targets(self, q_online: torch.Tensor, q_target: torch.Tensor, segment: dict[str, torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor]:
         """Rescaled n-step double-Q targets [T, B] and their mask for a segment of T + 1 steps."""

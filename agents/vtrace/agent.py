@@ -44,6 +44,14 @@ def resolve_network(spec: EnvSpec, requested: str, image_default: str) -> str:
     return "mlp" if len(spec.observation_shape) == 1 else image_default
 
 
+def _sample(logits: torch.Tensor) -> torch.Tensor:
+    """Actions [B] sampled from softmax(logits [B, A]) by the Gumbel-max trick: argmax(logits - log E),
+    E ~ Exp(1). Unlike torch.multinomial it never synchronises with the host, so it can be captured in a CUDA
+    graph."""
+    noise = torch.empty_like(logits).exponential_()
+    return (logits - noise.log()).argmax(-1)
+
+
 class ActorCriticNetwork(nn.Module):
     """AgentBody + policy logits [T, B, A] and baseline [T, B] heads."""
 
@@ -79,14 +87,28 @@ class Agent:
         return self
 
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        """Samples from the policy; the evaluation envs (the last `num_eval_envs` env ids) use the evaluation
+        policy: sampled too, or the greedy action with `--eval_greedy`."""
+        logits, new_state = self._logits(network, batch, state)
+        action = _sample(logits)
+        if self.config.eval_greedy and self.config.num_eval_envs > 0:
+            is_eval = batch.env_ids >= self.config.num_envs - self.config.num_eval_envs
+            action = torch.where(is_eval, logits.argmax(-1), action)
+        return ActOutput(action=action, outputs={"policy_logits": logits}, state=new_state)
+
+    def evaluation_act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        """The evaluation policy on every row: a sample from the policy, or its argmax with `--eval_greedy`."""
+        logits, new_state = self._logits(network, batch, state)
+        action = logits.argmax(-1) if self.config.eval_greedy else _sample(logits)
+        return ActOutput(action=action, outputs={"policy_logits": logits}, state=new_state)
+
+    @staticmethod
+    def _logits(network: nn.Module, batch: InferenceBatch, state: State) -> tuple[torch.Tensor, State]:
         logits, _, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
                                        batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
-        logits = logits[0]
-        # Sampling from softmax(logits) by the Gumbel-max trick: argmax(logits - log E), E ~ Exp(1). Unlike
-        # torch.multinomial it never synchronises with the host, so it can be captured in a CUDA graph.
-        noise = torch.empty_like(logits).exponential_()
-        action = (logits - noise.log()).argmax(-1)
-        return ActOutput(action=action, outputs={"policy_logits": logits}, state=new_state)
+        return logits[0], new_state
+
+    uses_replay = False
 
     def loss(self, batch: TrainingBatch) -> LossOutput:
         """IMPALA loss on a time-major batch of unrolls of T + 1 steps.
