@@ -5,18 +5,27 @@
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 import sys
 
 from absl import app, flags
 
 from seed.config import ActorConfig, build_config, define_flags, explicit_flags
+from seed.presets import fields_of, preset
 
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    config = build_config(ActorConfig, explicit_flags(ActorConfig, flags.FLAGS))
+    explicit = explicit_flags(ActorConfig, flags.FLAGS)
+    try:  # the preset's env flags (e.g. the action set) must match the learner's
+        actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
+        preset_values = fields_of(preset(explicit.get("preset", "")), actor_fields)
+    except ValueError as error:
+        print(f"seed-actor: {error}", file=sys.stderr)
+        sys.exit(2)
+    config = build_config(ActorConfig, preset_values, explicit)
     if config.actor_index < 0:
         print(f"seed-actor: --actor_index: got {config.actor_index}, expected >= 0", file=sys.stderr)
         sys.exit(2)

@@ -22,6 +22,8 @@ def _field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's namin
 class EnvOptions:
     """Env flags shared by learner and actor (both must build the same spec)."""
 
+    preset: str = _field("", "A named learning configuration (seed/presets.py), e.g. pong_vtrace; flags typed "
+                             "beside it win over its values.")
     env: str = _field("gym:CartPole-v1",
                       "FAMILY:NAME, e.g. gym:CartPole-v1, atari:Pong, football:academy_empty_goal_close, fake:vector.")
     envs_per_actor: int = _field(4, "Environments stepped by each actor process (K).")
@@ -36,9 +38,9 @@ class EnvOptions:
     football_rewards: str = _field("scoring", "Football: scoring or scoring,checkpoints.")
 
     def env_options(self) -> dict[str, Any]:
-        """The options dict env families receive (everything but env and envs_per_actor)."""
+        """The options dict env families receive (everything but preset, env and envs_per_actor)."""
         options = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvOptions)}  # never role/secret flags
-        for key in ("env", "envs_per_actor"):
+        for key in ("preset", "env", "envs_per_actor"):
             options.pop(key)
         return {key: value for key, value in options.items() if not (key == "action_repeat" and value == 0)}
 
@@ -91,7 +93,7 @@ class LearnerConfig(EnvOptions, TransportOptions):
     checkpoint_interval_s: float = _field(600.0, "Seconds between checkpoints (one is always written on exit).")
     torch_threads: int = _field(0, "torch intra-op threads in the learner; 0 = number of CPU cores.")
     # Network.
-    network: str = _field("auto", "mlp, impala_deep, nature or football; auto = mlp for vectors, else the agent's "
+    network: str = _field("auto", "mlp, impala_deep, nature, dqn_small or football; auto = mlp for vectors, else the agent's "
                                   "image network.")
     network_width: int = _field(1, "Filter multiplier for image networks (paper Table 4 compares 1, 2, 4).")
     use_lstm: bool = _field(True, "Put an LSTM core after the torso.")

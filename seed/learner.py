@@ -14,9 +14,11 @@ Processes and threads:
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 import logging
 import os
+import random
 import signal
 import threading
 import time
@@ -49,7 +51,7 @@ class Learner:
         os.makedirs(config.logdir, exist_ok=True)
         threads = config.torch_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
-        torch.manual_seed(config.seed)
+        seed_everything(config.seed)
         self.spec = spec or make_spec(config.env, config.env_options())
         self.training_device = torch.device(config.training_device)
         devices = config.inference_devices or config.inference_device
@@ -61,6 +63,8 @@ class Learner:
         # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
         self.optimizer = torch.optim.Adam(self.agent.network.parameters(), lr=config.learning_rate,
                                           eps=config.adam_epsilon, betas=(config.adam_beta1, 0.999), foreach=True)
+        with open(os.path.join(config.logdir, "config.json"), "w") as f:  # what seed-report --curves groups by
+            json.dump(dataclasses.asdict(config), f, indent=1, sort_keys=True)
         restored = checkpoint.load(config.logdir)
         counters = restored["counters"] if restored else {}
         if restored:
@@ -69,11 +73,14 @@ class Learner:
             print(f"[learner] resumed from {checkpoint.checkpoint_path(config.logdir)}: "
                   f"env_frames={counters['env_frames']:,} train_steps={counters['train_steps']:,}", flush=True)
         self.metrics = LearnerMetrics(self.spec.action_repeat, **counters)
+        if restored:
+            restore_rng_states(restored.get("rng"))
 
         self.experience = self._make_experience()
         if restored:
             self.experience.restore(config.logdir)
-        self.sink = SinkThread(self.experience.sink, self.stop_event)
+        # Evaluation envs are never trained on: their unrolls stop here, whatever the agent.
+        self.sink = SinkThread(self._training_unrolls_to(self.experience.sink), self.stop_event)
         # The step slab is shared with the serving process; one request pipe per inference device carries
         # "actor a's slot is ready", one reply pipe carries "actor a's reply is ready".
         self.slab = StepSlab.create(config.num_actors, config.envs_per_actor, self.spec.observation_shape,
@@ -152,6 +159,18 @@ class Learner:
             except Exception:  # one bad batch must not stop inference for everyone (its actors got FAILED)
                 log.exception("inference batch failed")
 
+    def _training_unrolls_to(self, sink):
+        """Wraps `sink` so that it receives only the unrolls of training envs."""
+        if self.config.num_eval_envs == 0:
+            return sink
+
+        def training_only(unrolls):
+            kept = [u for u in unrolls if int(u.env_id) < self.config.num_envs - self.config.num_eval_envs]
+            if kept:
+                sink(kept)
+
+        return training_only
+
     def is_eval_env(self, env_ids: torch.Tensor) -> torch.Tensor:
         """The last `num_eval_envs` env ids only evaluate."""
         return env_ids >= self.config.num_envs - self.config.num_eval_envs
@@ -170,7 +189,10 @@ class Learner:
             "agent": self.agent.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "counters": {"env_frames": self.metrics.env_frames, "train_steps": self.metrics.train_steps,
-                         "episodes": self.metrics.episodes},
+                         "episodes": self.metrics.episodes, "eval_returns": list(self.metrics.eval_returns),
+                         "eval_episodes": self.metrics.eval_episodes},
+            "seed": self.config.seed,
+            "rng": rng_states(),
             "config": vars(self.config).copy(),
         }
         checkpoint.save(self.config.logdir, state)
@@ -245,6 +267,10 @@ class Learner:
             "wall_time_s": round(wall, 1),
             "mean_env_frames_per_sec": round((self.metrics.env_frames - start_frames) / max(wall, 1e-9), 1),
             "last_episode_return_mean": logger.last_return_mean,
+            "eval_return_running_mean_100": (float(np.mean(self.metrics.eval_returns))
+                                             if self.metrics.eval_returns else None),
+            "eval_episodes": self.metrics.eval_episodes,
+            "seed": config.seed,
         }
         with open(os.path.join(config.logdir, "summary.json"), "w") as f:
             json.dump(summary, f)
@@ -269,9 +295,11 @@ class Learner:
         row = self.metrics.snapshot(elapsed_s, extra)
         if self.reference_scores is not None:
             human, random = self.reference_scores
-            for key in ("episode_return_mean", "eval_episode_return_mean"):
+            for key, name in (("episode_return_mean", "episode_human_normalized"),
+                              ("eval_episode_return_mean", "eval_episode_human_normalized"),
+                              ("eval/return_running_mean_100", "eval/human_normalized_running_mean_100")):
                 if row[key] is not None:
-                    row[key.replace("return_mean", "human_normalized")] = (row[key] - random) / (human - random)
+                    row[name] = (row[key] - random) / (human - random)
         return row
 
 
@@ -311,6 +339,27 @@ class _PeriodicLogger:
         self._thread.join(timeout=10)
         if time.monotonic() - self.last_time > 0.5:
             self.write()
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds torch, NumPy's global generator and Python's `random` in this process (envs are seeded per env id
+    from the same `--seed` by their actors)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def rng_states() -> dict[str, Any]:
+    """The random generators' states of this process, for the checkpoint."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def restore_rng_states(states: dict[str, Any] | None) -> None:
+    if not states:
+        return
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
 
 
 def install_signal_handlers(learner: Learner) -> None:

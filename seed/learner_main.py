@@ -14,14 +14,17 @@ from absl import app, flags
 from seed.agents import agent_module
 from seed.config import LearnerConfig, build_config, define_flags, explicit_flags, to_json
 from seed.envs import split_env_name
+from seed.presets import preset
 
 
 def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
-    """Dataclass defaults < the agent's defaults for the env family < flags the user typed; then derived values."""
-    base = build_config(LearnerConfig, explicit)
+    """Dataclass defaults < the agent's defaults for the env family < the preset < flags the user typed; then
+    derived values."""
+    preset_values = preset(build_config(LearnerConfig, explicit).preset)
+    base = build_config(LearnerConfig, preset_values, explicit)
     family, name = split_env_name(base.env)
     agent_defaults = agent_module(base.agent).default_config(family)
-    config = build_config(LearnerConfig, agent_defaults, explicit)
+    config = build_config(LearnerConfig, agent_defaults, preset_values, explicit)
     if not config.logdir:
         config.logdir = f"logs/{config.agent}-{family}-{name}"
     config.server_address = config.server_address.replace("{logdir}", config.logdir)
@@ -46,6 +49,10 @@ def validate(config: LearnerConfig) -> None:
         ("discounting", 0.0 <= config.discounting <= 1.0, "in [0, 1]"),
         ("learning_rate", config.learning_rate > 0, "> 0"),
         ("network_width", config.network_width >= 1, ">= 1"),
+        ("num_eval_envs", 0 <= config.num_eval_envs < config.num_envs,
+         f">= 0 and < num_envs = num_actors x envs_per_actor ({config.num_envs}): at least one env must train"),
+        ("burn_in", config.agent != "vtrace" or config.burn_in == 0,
+         "0 for --agent=vtrace (burn-in is an R2D2 setting; V-trace would train on its padding)"),
     ]
     for name, ok, expected in checks:
         if not ok:

@@ -91,9 +91,6 @@ def main(argv: list[str]) -> int:
     if unknown:
         print(f"local.sh: unknown flags {unknown}; see `seed-learner --helpfull`", file=sys.stderr)
         return 2
-    flags.setdefault("agent", "vtrace")
-    flags.setdefault("env", "gym:CartPole-v1")
-    flags.setdefault("num_actors", "2")
     # Parse the typed values the same way the learner will, to learn the logdir and address.
     typed = {}
     for f in dataclasses.fields(LearnerConfig):
@@ -103,7 +100,11 @@ def main(argv: list[str]) -> int:
             typed[f.name] = raw.lower() in ("1", "true", "yes") if kind is bool else kind(raw)
     if "server_address" not in flags:
         typed["server_address"] = "unix:{logdir}/learner.sock"  # local actors use the unix socket
-    config = resolve_config(typed)
+    try:
+        config = resolve_config(typed)
+    except ValueError as error:
+        print(f"local.sh: {error}", file=sys.stderr)
+        return 2
     flags["logdir"] = config.logdir
     flags["server_address"] = config.server_address
     os.makedirs(config.logdir, exist_ok=True)

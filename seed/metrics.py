@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import collections
 import os
 import threading
 import time
@@ -20,8 +21,14 @@ import numpy as np
 class LearnerMetrics:
     """Counters and per-window samples, written by the inference, gRPC and training threads."""
 
-    def __init__(self, action_repeat: int, env_frames: int = 0, train_steps: int = 0, episodes: int = 0):
+    EVAL_WINDOW = 100  # HTS-RL's protocol: the running mean of the most recent 100 evaluation episodes
+
+    def __init__(self, action_repeat: int, env_frames: int = 0, train_steps: int = 0, episodes: int = 0,
+                 eval_returns: list[float] | None = None, eval_episodes: int = 0):
         self._lock = threading.Lock()
+        # Evaluation episodes across windows (and across a resume: the checkpoint keeps them).
+        self.eval_returns: collections.deque[float] = collections.deque(eval_returns or (), self.EVAL_WINDOW)
+        self.eval_episodes = eval_episodes
         self.action_repeat = action_repeat
         self.env_frames = env_frames
         self.train_steps = train_steps
@@ -58,6 +65,8 @@ class LearnerMetrics:
         with self._lock:
             self._eval_returns.extend(returns.tolist())
             self._eval_lengths.extend(lengths.tolist())
+            self.eval_returns.extend(returns.tolist())
+            self.eval_episodes += len(returns)
 
     def record_actor_episodes(self, raw_returns: list[float]) -> None:
         with self._lock:
@@ -97,6 +106,8 @@ class LearnerMetrics:
                 "episodes_in_window": len(self._returns),
                 "eval_episode_return_mean": mean(self._eval_returns),
                 "eval_episode_length_mean": mean(self._eval_lengths),
+                "eval/return_running_mean_100": mean(self.eval_returns),
+                "eval/episodes": self.eval_episodes,
                 "inference_batch_size_mean": mean(self._batch_sizes),
                 "inference_latency_ms_p50": (float(np.percentile(self._latencies_s, 50)) * 1e3
                                              if self._latencies_s else None),
@@ -150,8 +161,8 @@ def progress_line(row: dict[str, Any], show_raw_return: bool = False) -> str:
     # Optional parts: the raw score (football goals), eval envs, replay.
     if show_raw_return and row.get("episode_raw_return_mean") is not None:
         line += f" score={row['episode_raw_return_mean']:.2f}"
-    if row.get("eval_episode_return_mean") is not None:
-        line += f" eval_return={row['eval_episode_return_mean']:.1f}"
+    if row.get("eval/return_running_mean_100") is not None:
+        line += f" eval_mean100={row['eval/return_running_mean_100']:.2f} ({row['eval/episodes']} eps)"
     line += (f" batch={fmt(row['inference_batch_size_mean'], '.1f')}"
              f" latency_p50={fmt(row['inference_latency_ms_p50'], '.2f')}ms")
     if "replay_size" in row:

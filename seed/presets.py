@@ -1,0 +1,81 @@
+"""Named learning configurations users can start as they are: `launch/local.sh --preset=pong_vtrace`.
+
+A preset is a layer of flag values. Resolution order (lowest to highest): the config dataclass defaults, the
+agent's defaults for the env family, the preset, then the flags the user typed. A preset names its agent and
+env, so `--preset=pong_vtrace` alone is a whole run; any flag typed beside it wins over the preset's value.
+
+Both the learner and the actors resolve the preset (the env flags in it, such as the action set, must agree
+on both sides or the learner rejects the actor's spec).
+
+Where each preset's values came from is written beside it (`PRESET_SOURCES`) and in README "Learning results".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # V-trace on Pong for a 2-core CPU machine: the 2013 DQN network without LSTM (a third of the Nature
+    # network's compute, which a 2-core learner cannot keep up with), Pong's 6-action minimal set, small
+    # batches for more updates per frame.
+    "pong_vtrace": dict(
+        agent="vtrace", env="atari:Pong", network="dqn_small", use_lstm=False, atari_minimal_action_set=True,
+        num_actors=2, envs_per_actor=8, num_eval_envs=2, batch_size=16, unroll_length=20,
+        learning_rate=6e-4, entropy_cost=0.01, max_abs_reward=1.0, grad_clip_norm=40.0,
+        total_environment_frames=50e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
+    ),
+    # V-trace on Pong for one GPU + 16 cores: the paper's network (IMPALA deep + LSTM) on the GPU.
+    "pong_vtrace_gpu": dict(
+        agent="vtrace", env="atari:Pong", network="impala_deep", use_lstm=True, atari_minimal_action_set=True,
+        num_actors=14, envs_per_actor=16, num_eval_envs=8, batch_size=32, unroll_length=20,
+        inference_device="cuda:0", training_device="cuda:0", learning_rate=6e-4, entropy_cost=0.01,
+        max_abs_reward=1.0, grad_clip_norm=40.0, total_environment_frames=50e6, log_interval_s=10.0,
+    ),
+    # R2D2 on Pong for one GPU + 16 cores: paper Table 8 with a replay that fits a 128 GiB host.
+    "pong_r2d2_gpu": dict(
+        agent="r2d2", env="atari:Pong", num_actors=16, envs_per_actor=16, num_eval_envs=8,
+        inference_device="cuda:0", training_device="cuda:0", replay_capacity=50_000, replay_min_size=2_000,
+        total_environment_frames=200e6, log_interval_s=10.0,
+    ),
+    # V-trace on Football academy_empty_goal_close for a 2-core CPU machine: a small network that a CPU
+    # trains fast, scoring reward, the SMM observation.
+    "football_close_vtrace": dict(
+        agent="vtrace", env="football:academy_empty_goal_close", network="football", use_lstm=False,
+        num_actors=2, envs_per_actor=4, num_eval_envs=2, batch_size=8, unroll_length=32,
+        learning_rate=6e-4, entropy_cost=0.01, discounting=0.993, lambda_=0.95,
+        total_environment_frames=5e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
+    ),
+    "football_goal_vtrace": dict(
+        agent="vtrace", env="football:academy_empty_goal", network="football", use_lstm=False,
+        num_actors=2, envs_per_actor=4, num_eval_envs=2, batch_size=8, unroll_length=32,
+        learning_rate=6e-4, entropy_cost=0.01, discounting=0.993, lambda_=0.95,
+        total_environment_frames=20e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
+    ),
+}
+
+PRESET_SOURCES: dict[str, str] = {
+    "pong_vtrace": "IMPALA's Atari settings (unroll 20, entropy 0.01, rewards clipped to [-1, 1]) on the Nature "
+                   "DQN network; batch 16 and lr 6e-4 chosen on this framework on 2 CPU cores "
+                   "(docs/learning/README.md).",
+    "pong_vtrace_gpu": "IMPALA deep + LSTM (the paper's network) with IMPALA's Atari settings; not yet measured "
+                       "on a GPU here.",
+    "pong_r2d2_gpu": "SEED paper Table 8 (the agent's Atari defaults) with a 50K-sequence replay; not yet "
+                     "measured on a GPU here.",
+    "football_close_vtrace": "HTS-RL's scenario and protocol; network and learning rate chosen on this framework "
+                             "on 2 CPU cores (docs/learning/README.md).",
+    "football_goal_vtrace": "as football_close_vtrace, on academy_empty_goal.",
+}
+
+
+def preset(name: str) -> dict[str, Any]:
+    """The flag values of preset `name` (a copy); '' is the empty preset. ValueError names the valid ones."""
+    if not name:
+        return {}
+    if name not in PRESETS:
+        raise ValueError(f"--preset: got {name!r}, expected one of {', '.join(sorted(PRESETS))}")
+    return dict(PRESETS[name])
+
+
+def fields_of(values: dict[str, Any], names: set[str]) -> dict[str, Any]:
+    """The entries of `values` whose keys are in `names` (an actor takes only the env flags of a preset)."""
+    return {key: value for key, value in values.items() if key in names}
