@@ -207,7 +207,8 @@ class AgentBody(nn.Module):
 
     Args:
       spec: the env spec (single-frame observation shape, frame stack, actions).
-      network: "mlp", "nature", "dqn_small" or "impala_deep" (images), or "football" (packed SMM planes).
+      network: "mlp", "nature", "dqn_small" or "impala_deep" (images), or "football" / "football_small" (packed
+        SMM planes).
       width: filter multiplier for image torsos.
       use_lstm, lstm_size: the recurrent core.
       mlp_sizes: hidden sizes of the MLP torso.
@@ -265,6 +266,10 @@ def make_torso(spec: EnvSpec, network: str, width: int, mlp_sizes: tuple[int, ..
         from seed.envs.football_network import FootballTorso
 
         return FootballTorso(shape, width)
+    if network == "football_small":
+        from seed.envs.football_network import SmallFootballTorso
+
+        return SmallFootballTorso(shape, width)
     if len(shape) not in (2, 3):
         raise ValueError(f"--network={network}: needs image observations [H, W] or [H, W, C], got shape {shape}")
     if len(shape) == 3:
@@ -275,4 +280,5 @@ def make_torso(spec: EnvSpec, network: str, width: int, mlp_sizes: tuple[int, ..
         return SmallDQNTorso(spec.frame_stack, shape, width)
     if network == "impala_deep":
         return ImpalaDeepTorso(spec.frame_stack, shape, width)
-    raise ValueError(f"--network: got {network!r}, expected mlp, nature, dqn_small, impala_deep or football")
+    raise ValueError(f"--network: got {network!r}, expected mlp, nature, dqn_small, impala_deep, football or "
+                     "football_small")

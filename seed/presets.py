@@ -40,13 +40,13 @@ PRESETS: dict[str, dict[str, Any]] = {
     # V-trace on Football academy_empty_goal_close for a 2-core CPU machine: a small network that a CPU
     # trains fast, scoring reward, the SMM observation.
     "football_close_vtrace": dict(
-        agent="vtrace", env="football:academy_empty_goal_close", network="football", use_lstm=False,
+        agent="vtrace", env="football:academy_empty_goal_close", network="football_small", use_lstm=False,
         num_actors=2, envs_per_actor=4, num_eval_envs=2, batch_size=8, unroll_length=32,
         learning_rate=6e-4, entropy_cost=0.01, discounting=0.993, lambda_=0.95,
         total_environment_frames=5e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
     "football_goal_vtrace": dict(
-        agent="vtrace", env="football:academy_empty_goal", network="football", use_lstm=False,
+        agent="vtrace", env="football:academy_empty_goal", network="football_small", use_lstm=False,
         num_actors=2, envs_per_actor=4, num_eval_envs=2, batch_size=8, unroll_length=32,
         learning_rate=6e-4, entropy_cost=0.01, discounting=0.993, lambda_=0.95,
         total_environment_frames=20e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
