@@ -93,7 +93,8 @@ class LearnerConfig(EnvOptions, TransportOptions):
     checkpoint_interval_s: float = _field(600.0, "Seconds between checkpoints (one is always written on exit).")
     torch_threads: int = _field(0, "torch intra-op threads in the learner; 0 = number of CPU cores.")
     # Network.
-    network: str = _field("auto", "mlp, impala_deep, nature, dqn_small, football or football_small; auto = mlp for vectors, else the agent's "
+    network: str = _field("auto", "mlp, impala_deep, nature, dqn_small, football or football_small; auto = mlp "
+                                  "for vectors, else the agent's "
                                   "image network.")
     network_width: int = _field(1, "Filter multiplier for image networks (paper Table 4 compares 1, 2, 4).")
     use_lstm: bool = _field(True, "Put an LSTM core after the torso.")

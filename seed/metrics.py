@@ -7,9 +7,9 @@ learner to the reply, in milliseconds.
 
 from __future__ import annotations
 
+import collections
 import json
 import math
-import collections
 import os
 import threading
 import time

@@ -24,7 +24,8 @@ def _config(tmp_path, **values):
 
 
 def _unroll(env_id: int, length: int = 3) -> Unroll:
-    steps = {"observation": torch.zeros(length, 4), "reward": torch.zeros(length), "done": torch.zeros(length, dtype=torch.bool),
+    steps = {"observation": torch.zeros(length, 4), "reward": torch.zeros(length),
+             "done": torch.zeros(length, dtype=torch.bool),
              "truncated": torch.zeros(length, dtype=torch.bool), "prev_action": torch.zeros(length, dtype=torch.long),
              "action": torch.zeros(length, dtype=torch.long), "valid": torch.ones(length, dtype=torch.bool),
              "policy_logits": torch.zeros(length, 2)}
