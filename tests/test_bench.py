@@ -226,3 +226,13 @@ def test_gpu_check_script_names_shipped_configurations(tmp_path):
     assert "--baselines=transport" in by_name["fake_atari_gpu"]
     assert "--pricing=current" in commands[4] and "--compare_pricing=paper" in commands[4]
     assert not os.path.exists(out_dir)  # a dry run writes nothing
+
+
+def test_env_speed_counts_agent_steps_and_env_frames():
+    from seed.bench.env_speed import measure
+
+    result = measure("fake:atari", num_envs=2, processes=2, duration_s=1.0)
+    assert result["agent_steps_per_sec"] > 0
+    # fake:atari repeats each action 4 frames; both processes stepped (2 x 2 envs, 100-step episodes).
+    assert result["env_frames_per_sec"] == pytest.approx(4 * result["agent_steps_per_sec"], rel=1e-3)
+    assert result["processes"] == 2 and result["cores_used"] > 0
