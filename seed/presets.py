@@ -16,11 +16,11 @@ from typing import Any
 
 PRESETS: dict[str, dict[str, Any]] = {
     # V-trace on Pong for a 2-core CPU machine: the 2013 DQN network without LSTM (a third of the Nature
-    # network's compute, which a 2-core learner cannot keep up with), Pong's 6-action minimal set, small
-    # batches for more updates per frame.
+    # network's compute, which a 2-core learner cannot keep up with), Pong's 6-action minimal set, batches of
+    # 8 unrolls (A2C-sized) for more updates per frame: on 2 cores the envs, not training, limit the rate.
     "pong_vtrace": dict(
         agent="vtrace", env="atari:Pong", network="dqn_small", use_lstm=False, atari_minimal_action_set=True,
-        num_actors=2, envs_per_actor=8, num_eval_envs=2, batch_size=16, unroll_length=20,
+        num_actors=2, envs_per_actor=8, num_eval_envs=2, batch_size=8, unroll_length=20,
         learning_rate=6e-4, entropy_cost=0.01, max_abs_reward=1.0, grad_clip_norm=40.0,
         total_environment_frames=50e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
@@ -55,7 +55,7 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 PRESET_SOURCES: dict[str, str] = {
     "pong_vtrace": "IMPALA's Atari settings (unroll 20, entropy 0.01, rewards clipped to [-1, 1]) on the Nature "
-                   "DQN network; batch 16 and lr 6e-4 chosen on this framework on 2 CPU cores "
+                   "DQN network; batch 8 and lr 6e-4 chosen on this framework on 2 CPU cores "
                    "(docs/learning/README.md).",
     "pong_vtrace_gpu": "IMPALA deep + LSTM (the paper's network) with IMPALA's Atari settings; not yet measured "
                        "on a GPU here.",
