@@ -9,6 +9,7 @@ videos; classic-control envs need pygame for it). Observations are the same eith
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gymnasium
@@ -19,6 +20,8 @@ from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult
 
 class GymEnv:
     def __init__(self, env_id: str, seed: int, render_rgb: bool = False):
+        if render_rgb:  # classic-control rendering calls pygame.init(), which would look for an audio device
+            os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
         self._env = gymnasium.make(env_id, render_mode="rgb_array" if render_rgb else None)
         if not isinstance(self._env.action_space, gymnasium.spaces.Discrete):
             raise ValueError(f"--env=gym:{env_id}: action space is {self._env.action_space}, expected Discrete")
