@@ -272,8 +272,8 @@ def plot(groups: list[tuple[str, list[Run]]], env: str, targets: tuple[float, ..
             ax.fill_between(x, low, high, color=colour, alpha=0.2, linewidth=0)
         for target in targets:
             ax.axhline(target, color="0.4", linestyle="--", linewidth=1)
-            ax.annotate(f"target {target:g}", (0.0, target), xycoords=("axes fraction", "data"), fontsize=8,
-                        color="0.3", va="bottom")
+            ax.annotate(f"target {target:g}", (1.0, target), xycoords=("axes fraction", "data"), fontsize=8,
+                        color="0.3", va="bottom", ha="right")
         ax.set_xlabel(xlabel)
         ax.set_ylabel(" / ".join(metrics))
         ax.grid(alpha=0.3)
