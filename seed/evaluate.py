@@ -88,12 +88,18 @@ def load_checkpoint(logdir: str, path: str = "") -> tuple[str, dict[str, Any]]:
     if path:
         if not os.path.isfile(path):
             raise UserError(f"--checkpoint: got {path!r}, expected an existing checkpoint file")
-        return path, torch.load(path, map_location="cpu", weights_only=False)
+        try:
+            return path, torch.load(path, map_location="cpu", weights_only=False)
+        except Exception as error:  # a truncated or foreign file: say which, without a traceback
+            raise UserError(f"--checkpoint: {path!r} cannot be read as a checkpoint ({error})") from None
     if not logdir:
         raise UserError("--logdir or --checkpoint: got neither, expected a learner logdir or a checkpoint file")
     if not os.path.isdir(logdir):
         raise UserError(f"--logdir: got {logdir!r}, expected an existing learner logdir")
-    state = checkpoint.load(logdir)
+    try:
+        state = checkpoint.load(logdir)
+    except Exception as error:
+        raise UserError(f"--logdir: the checkpoint in {logdir!r} cannot be read ({error})") from None
     if state is None:
         found = ", ".join(sorted(os.listdir(logdir))) or "nothing"
         raise UserError(f"--logdir: {logdir!r} holds no checkpoint (expected {checkpoint.checkpoint_path(logdir)}); "
