@@ -143,6 +143,13 @@ def test_logdir_without_checkpoint_lists_what_it_holds(tmp_path):
     assert "Traceback" not in done.stderr
 
 
+def test_unreadable_checkpoint(tmp_path):
+    (tmp_path / "half.pt").write_bytes(b"PK\x03\x04 not a whole checkpoint")
+    done = seed_eval([f"--checkpoint={tmp_path / 'half.pt'}"], str(tmp_path))
+    assert done.returncode == 2
+    assert f"--checkpoint: '{tmp_path / 'half.pt'}' cannot be read as a checkpoint" in done.stderr
+
+
 def test_checkpoint_of_another_agent_or_env(untrained, tmp_path):
     path = checkpoint.checkpoint_path(untrained[0])
     done = seed_eval([f"--checkpoint={path}", "--agent=r2d2", "--episodes=1"], str(tmp_path))
