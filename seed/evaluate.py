@@ -44,7 +44,7 @@ from seed.config import LearnerConfig, define_flags, explicit_flags
 
 EVAL_SEED_OFFSET = 1_000_000  # eval env k uses seed + k; training envs use seed + env id < num_envs
 VIDEO_EXTENSIONS = (".mp4", ".gif")
-VIDEO_INSTALL_HINT = "pip install 'seed-rl-torch[video]' (or: pip install imageio imageio-ffmpeg)"
+VIDEO_INSTALL_HINT = "pip install 'seed-rl-torch[video]' (or: pip install imageio imageio-ffmpeg pygame)"
 
 
 class UserError(Exception):
