@@ -86,6 +86,9 @@ setup(
     extras_require={
         "atari": ["ale-py>=0.12", "opencv-python-headless"],
         "football": ["gym==0.25.2", "six", "psutil"],
+        # seed-eval --video: imageio writes the frames, imageio-ffmpeg ships an ffmpeg binary for MP4, pygame
+        # draws gymnasium's classic-control screens (CartPole's rgb_array render).
+        "video": ["imageio", "imageio-ffmpeg", "pygame"],
         "test": ["pytest", "ruff", "pyyaml", "kubernetes-validate==1.37.0", "cryptography"],
     },
     entry_points={
@@ -94,6 +97,7 @@ setup(
             "seed-actor=seed.actor_main:run",
             "seed-bench=seed.bench.cli:run",
             "seed-report=seed.bench.report:run",
+            "seed-eval=seed.evaluate:run",
         ]
     },
 )

@@ -284,6 +284,11 @@ class AtariEnv:
         self._running = not (terminated or truncated)
         return StepResult(observation, reward, terminated, truncated, reward)
 
+    def render_rgb(self) -> np.ndarray:
+        """The colour screen of the last raw frame, uint8 [210, 160, 3] (ALE `getScreenRGB`; for videos, the
+        observations are unaffected)."""
+        return self.ale.getScreenRGB()
+
     def close(self) -> None:
         self._running = False
 

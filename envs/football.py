@@ -118,12 +118,33 @@ def unpack_smm(packed: torch.Tensor | np.ndarray) -> torch.Tensor:
     return torch.bitwise_and(torch.bitwise_right_shift(words, shifts), 1).to(torch.float32)
 
 
+# Colours of the SMM layers (left team, right team, ball, active player) in `smm_to_rgb`, over a pitch green.
+SMM_COLOURS = np.array([[255, 220, 0], [40, 110, 255], [255, 255, 255], [255, 40, 40]], np.uint8)
+PITCH_COLOUR = np.array([30, 110, 40], np.uint8)
+
+
+def smm_to_rgb(planes: np.ndarray, scale: int = 4) -> np.ndarray:
+    """Paints the newest frame of stacked SMM planes [H, W, 16] (or one frame's [H, W, 4]) as an RGB image
+    uint8 [H * scale, W * scale, 3]: a picture of the super mini-map for videos, since gfootball renders its
+    3D view only with a display. Later layers paint over earlier ones (the ball over the players)."""
+    planes = np.asarray(planes)
+    if planes.ndim != 3 or planes.shape[-1] not in (4, NUM_PLANES):
+        raise ValueError(f"smm_to_rgb: got planes of shape {planes.shape}, expected [H, W, 4] or [H, W, {NUM_PLANES}]")
+    newest = planes[..., -4:] != 0  # planes are ordered oldest frame first
+    image = np.empty(planes.shape[:2] + (3,), np.uint8)
+    image[:] = PITCH_COLOUR
+    for layer, colour in enumerate(SMM_COLOURS):
+        image[newest[..., layer]] = colour
+    return np.repeat(np.repeat(image, scale, axis=0), scale, axis=1)
+
+
 class FootballEnv:
     """One gfootball env; observations are packed SMM planes uint16 [H, W]."""
 
     def __init__(self, scenario: str, spec: EnvSpec, rewards: str, seed: int):
         football_env = _gfootball()
         self.spec = spec
+        self._planes = np.zeros(spec.observation_shape + (NUM_PLANES,), np.uint8)  # the last SMM, for render_rgb
         height, width = spec.observation_shape
         # The engine reuses game_engine_random_seed for every episode, so draw a fresh one before each reset
         # from a generator seeded once: episodes differ, runs repeat.
@@ -150,6 +171,7 @@ class FootballEnv:
         return int(self._rng.integers(0, 2**31 - 1))
 
     def _observe(self, planes: np.ndarray) -> np.ndarray:
+        self._planes = planes
         observation = pack_smm(planes)
         if observation.shape != self.spec.observation_shape:
             self.spec.check_observation(observation)
@@ -162,6 +184,10 @@ class FootballEnv:
     def step(self, action: int) -> StepResult:
         planes, reward, done, info = self._env.step(int(action))
         return StepResult(self._observe(planes), float(reward), bool(done), False, float(info["score_reward"]))
+
+    def render_rgb(self) -> np.ndarray:
+        """The super mini-map of the current step painted in colour (`smm_to_rgb`), uint8 [4H, 4W, 3]."""
+        return smm_to_rgb(self._planes)
 
     def close(self) -> None:
         self._env.close()

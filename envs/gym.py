@@ -1,10 +1,15 @@
 """`--env=gym:<id>`: any gymnasium env with a Discrete action space and a Box observation.
 
 Observations are sent as float32 vectors (Box observations are flattened); action repeat is 1.
+
+Options: `seed` (env i of the run is seeded with seed + first_env_id + i) and `render_rgb` (default False:
+make the envs with `render_mode="rgb_array"` so that `GymEnv.render_rgb()` returns the screen, for seed-eval's
+videos; classic-control envs need pygame for it). Observations are the same either way.
 """
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import gymnasium
@@ -14,8 +19,10 @@ from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult
 
 
 class GymEnv:
-    def __init__(self, env_id: str, seed: int):
-        self._env = gymnasium.make(env_id)
+    def __init__(self, env_id: str, seed: int, render_rgb: bool = False):
+        if render_rgb:  # classic-control rendering calls pygame.init(), which would look for an audio device
+            os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+        self._env = gymnasium.make(env_id, render_mode="rgb_array" if render_rgb else None)
         if not isinstance(self._env.action_space, gymnasium.spaces.Discrete):
             raise ValueError(f"--env=gym:{env_id}: action space is {self._env.action_space}, expected Discrete")
         if not isinstance(self._env.observation_space, gymnasium.spaces.Box):
@@ -37,6 +44,13 @@ class GymEnv:
         observation = np.asarray(observation, np.float32).reshape(-1)
         return StepResult(observation, float(reward), bool(terminated), bool(truncated), float(reward))
 
+    def render_rgb(self) -> np.ndarray:
+        """The env's current screen, uint8 [H, W, 3] (needs the `render_rgb` option)."""
+        if self._env.render_mode != "rgb_array":
+            raise RuntimeError(f"{self.spec.name}: render_rgb() needs the env made with the render_rgb option, "
+                               f"got render_mode={self._env.render_mode!r}")
+        return np.asarray(self._env.render(), np.uint8)
+
     def close(self) -> None:
         self._env.close()
 
@@ -49,4 +63,5 @@ def make_spec(name: str, options: dict[str, Any]) -> EnvSpec:
 
 def make_batch(name: str, num_envs: int, first_env_id: int, options: dict[str, Any]) -> SequentialEnvBatch:
     seed = int(options.get("seed", 0))
-    return SequentialEnvBatch([GymEnv(name, seed + first_env_id + i) for i in range(num_envs)])
+    render_rgb = bool(options.get("render_rgb", False))
+    return SequentialEnvBatch([GymEnv(name, seed + first_env_id + i, render_rgb) for i in range(num_envs)])

@@ -142,5 +142,15 @@ def test_bench_and_report_run_outside_the_repository(installed):
                     env=env)
     assert "| cartpole | - | 2 |" in completed.stdout and "Priced with the current price table" in completed.stdout
     assert os.path.getsize(os.path.join(work, "report.png")) > 1000
+    # The bench's learner logdir is a real run: seed-eval plays its checkpoint, seed-report --curves draws it.
+    logdir = os.path.join(result["framework"]["run_dir"], "learner")
+    evaluation = os.path.join(work, "eval.json")
+    run([bin_dir / "seed-eval", f"--logdir={logdir}", "--episodes=2", f"--out={evaluation}"], cwd=work, timeout=120,
+        env=env)
+    with open(evaluation) as f:
+        assert json.load(f)["episodes"] == 2
+    run([bin_dir / "seed-report", "--curves", logdir, f"--out={os.path.join(work, 'curves')}"], cwd=work,
+        timeout=120, env=env)
+    assert os.path.getsize(os.path.join(work, "curves", "curves_gym_CartPole-v1.png")) > 1000
     # Nothing was written to the working directory but what the flags named.
-    assert sorted(os.listdir(work)) == ["report.md", "report.png", "results", "runs"]
+    assert sorted(os.listdir(work)) == ["curves", "eval.json", "report.md", "report.png", "results", "runs"]

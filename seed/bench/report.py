@@ -4,6 +4,7 @@
         --baseline=pong_vtrace/actor_side --out=bench_results/report
     seed-report bench_results/*.json --pricing=paper                 # the SEED paper's 2019 prices
     seed-report bench_results/*.json --compare_pricing=paper         # current prices, plus a paper-price column
+    seed-report --curves logs/run-seed0 logs/run-seed1 --out=curves  # learning curves (seed/bench/curves.py)
 
 Each result file gives one row for the framework and one per measured baseline (named `<name>/actor_side`,
 `<name>/transport`); sweep files give one row per point. Columns: configuration, actors, CPUs, envs,
@@ -204,8 +205,25 @@ def parse_accelerators(values: list[str]) -> dict[str, int] | None:
 FLAGS = flags.FLAGS
 
 
+def curves_main(logdirs: list[str]) -> None:
+    """`seed-report --curves LOGDIR...`: learning curves and time-to-target table (seed/bench/curves.py)."""
+    from seed.bench import curves
+
+    out = os.path.abspath(FLAGS.out or os.path.join("bench_results", "curves"))
+    try:
+        text, paths = curves.write_report(logdirs, out, FLAGS.metric, curves.parse_targets(FLAGS.targets))
+    except (curves.CurvesError, OSError) as error:
+        print(f"seed-report: {error}", file=sys.stderr)
+        sys.exit(2)
+    print(text)
+    print(f"wrote {', '.join(paths)}")
+
+
 def main(argv: list[str]) -> None:
     paths = argv[1:]
+    if FLAGS.curves:
+        curves_main(paths)
+        return
     if not paths:
         raise app.UsageError("give one or more seed-bench result files")
     try:
@@ -234,9 +252,16 @@ def run() -> None:
                                              "--pricing), e.g. paper.")
     flags.DEFINE_string("baseline", "", "Row name the FPS ratio is taken against; default the first row.")
     flags.DEFINE_string("out", "", "Output stem: writes <out>.md and <out>.png; default bench_results/report "
-                                   "under the directory seed-report is started in.")
+                                   "under the directory seed-report is started in. With --curves: the output "
+                                   "directory, default bench_results/curves.")
     flags.DEFINE_float("cpus", None, "Price this many CPU cores instead of the cores each run had.")
     flags.DEFINE_list("accelerators", [], "Price these devices instead of the runs', e.g. P100:1.")
+    flags.DEFINE_bool("curves", False, "The arguments are learner logdirs: plot their learning curves and tabulate "
+                                       "the time to reach --targets (seed/bench/curves.py).")
+    flags.DEFINE_string("metric", "", "--curves: the metrics.jsonl key to plot; default eval/return_running_mean_100 "
+                                      "where a run logs it, else episode_return_mean.")
+    flags.DEFINE_list("targets", [], "--curves: target values, e.g. 0.4,0.8; default per env (Pong 18, Football "
+                                     "0.4,0.8, CartPole-v1 450).")
     app.run(main)
 
 

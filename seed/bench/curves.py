@@ -1,0 +1,337 @@
+"""Learning curves of learner logdirs: `seed-report --curves LOGDIR... [--out=DIR] [--metric=M] [--targets=a,b]`.
+
+Reads each logdir's `metrics.jsonl` (one row per log interval, see seed/metrics.py) and draws the metric
+against env frames (agent steps x action repeat) and against the learner's wall-clock minutes, one PNG per env
+(`curves_<env>.png`), and writes `curves.md`: per run, the minutes and env frames until the metric first
+reached each target ("not reached" otherwise), the final value and the final env frames.
+
+- Metric: `--metric`, else per run `eval/return_running_mean_100` (the mean of the last 100 evaluation
+  episodes, HTS-RL's protocol) if the file has a value for it, else `episode_return_mean`. Rows without a
+  value (no episode finished in the window) are skipped.
+- Resumed runs: `time_s` counts seconds since that learner process started, so it restarts after a resume while
+  env_frames continue from the checkpoint. A row whose time_s is below the previous row's starts a new segment;
+  a segment's times are offset by the last time_s of the segments before it. Wall-clock minutes are therefore
+  the learner's own running time: the downtime between a crash and the restart is not in the logs and is not
+  counted.
+- Seeds: runs whose configuration is the same except for the seed and the logdir (read from
+  `<logdir>/config.json`, else from the checkpoint's saved configuration) form one group, drawn as the mean
+  over its runs with a min-max band (runs interpolated onto a common grid over the range all of them cover).
+  A run without a configuration is a group of its own.
+- Targets: `--targets`, else per env: Pong 18, Football 0.4 and 0.8 (goals), CartPole-v1 450; drawn as
+  horizontal lines. A target is reached at the first row whose value is >= the target.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import re
+import sys
+from typing import Any
+
+import numpy as np
+
+EVAL_METRIC = "eval/return_running_mean_100"
+TRAIN_METRIC = "episode_return_mean"
+# Per-env default targets: exact --env values, or a family prefix ending in ':'.
+DEFAULT_TARGETS: dict[str, tuple[float, ...]] = {
+    "atari:Pong": (18.0,),
+    "football:": (0.4, 0.8),
+    "gym:CartPole-v1": (450.0,),
+}
+# Configuration keys that do not change what a run learns: runs differing only in these are seeds of one group.
+NOT_GROUPED = frozenset({"seed", "logdir", "server_address", "print_config", "log_interval_s",
+                         "checkpoint_interval_s", "auth_token", "auth_token_file", "tls_cert", "tls_key", "tls_ca",
+                         "allow_insecure_remote", "checkpoint_replay", "atari_scores_file"})
+GRID_POINTS = 200
+
+
+class CurvesError(ValueError):
+    """A logdir or flag that cannot be used; the message names it and what was expected."""
+
+
+@dataclasses.dataclass
+class Run:
+    """One logdir's curve. Arrays are [N], one entry per metrics row that has a value for `metric`."""
+
+    logdir: str
+    metric: str
+    config: dict[str, Any] | None
+    minutes: np.ndarray  # learner wall-clock minutes (segments concatenated, see the module docstring)
+    env_frames: np.ndarray  # env frames at the row (agent steps x action repeat)
+    values: np.ndarray  # the metric
+    resumed_at_frames: list[int]  # env_frames of the first row of each segment after the first
+    final_env_frames: int  # env_frames of the last row (with or without a value)
+    total_minutes: float  # wall-clock minutes of the last row
+
+    @property
+    def env(self) -> str:
+        return str(self.config.get("env", "unknown env")) if self.config else "unknown env"
+
+    @property
+    def seed(self) -> int | None:
+        return self.config.get("seed") if self.config else None
+
+    @property
+    def final_value(self) -> float | None:
+        return float(self.values[-1]) if len(self.values) else None
+
+
+def read_rows(logdir: str) -> list[dict[str, Any]]:
+    """The rows of `<logdir>/metrics.jsonl`; an error names the file and line of a malformed row."""
+    path = os.path.join(logdir, "metrics.jsonl")
+    if not os.path.isfile(path):
+        found = ", ".join(sorted(os.listdir(logdir))) if os.path.isdir(logdir) else "no such directory"
+        raise CurvesError(f"logdir {logdir!r}: expected a metrics.jsonl written by seed-learner; found: "
+                          f"{found or 'nothing'}")
+    rows = []
+    with open(path) as f:
+        for line_number, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise CurvesError(f"{path}, line {line_number}: not JSON ({error})") from None
+            for key in ("time_s", "env_frames"):
+                if not isinstance(row.get(key), (int, float)):
+                    raise CurvesError(f"{path}, line {line_number}: {key}: got {row.get(key)!r}, expected a number")
+            rows.append(row)
+    if not rows:
+        raise CurvesError(f"{path}: has no rows, expected at least one metrics row")
+    return rows
+
+
+def wall_minutes(time_s: list[float]) -> tuple[np.ndarray, list[int]]:
+    """Cumulative learner minutes [N] of rows whose `time_s` restarts from 0 after each resume, and the row
+    indices where a segment (after the first) starts."""
+    minutes = np.empty(len(time_s))
+    starts, offset = [], 0.0
+    for i, t in enumerate(time_s):
+        if i and t < time_s[i - 1]:
+            starts.append(i)
+            offset += time_s[i - 1]
+        minutes[i] = (offset + t) / 60.0
+    return minutes, starts
+
+
+def pick_metric(rows: list[dict[str, Any]], requested: str) -> str:
+    if requested:
+        return requested
+    return EVAL_METRIC if any(row.get(EVAL_METRIC) is not None for row in rows) else TRAIN_METRIC
+
+
+def read_config(logdir: str) -> dict[str, Any] | None:
+    """The learner configuration of a run: `<logdir>/config.json`, else the checkpoint's, else None."""
+    path = os.path.join(logdir, "config.json")
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    from seed import checkpoint
+
+    if not os.path.isfile(checkpoint.checkpoint_path(logdir)):
+        return None
+    try:
+        state = checkpoint.load(logdir)
+    except Exception as error:  # a corrupt checkpoint must not stop the report: the run is just ungrouped
+        print(f"seed-report: {logdir}: cannot read the checkpoint's configuration ({error}); "
+              f"the run is not grouped with others", file=sys.stderr)
+        return None
+    return dict(state["config"]) if state and "config" in state else None
+
+
+def load_run(logdir: str, metric: str = "") -> Run:
+    rows = read_rows(logdir)
+    metric = pick_metric(rows, metric)
+    minutes, starts = wall_minutes([float(row["time_s"]) for row in rows])
+    keep = [i for i, row in enumerate(rows)
+            if isinstance(row.get(metric), (int, float)) and math.isfinite(row[metric])]
+    if not keep:
+        raise CurvesError(f"{logdir}/metrics.jsonl: no row has a value for {metric!r}; expected one of the keys "
+                          f"{sorted(k for k, v in rows[-1].items() if isinstance(v, (int, float)))}")
+    return Run(
+        logdir=logdir,
+        metric=metric,
+        config=read_config(logdir),
+        minutes=minutes[keep],
+        env_frames=np.array([rows[i]["env_frames"] for i in keep], np.int64),
+        values=np.array([rows[i][metric] for i in keep], np.float64),
+        resumed_at_frames=[int(rows[i]["env_frames"]) for i in starts],
+        final_env_frames=int(rows[-1]["env_frames"]),
+        total_minutes=float(minutes[-1]),
+    )
+
+
+def first_reach(run: Run, target: float) -> tuple[float, int] | None:
+    """(minutes, env frames) of the first row whose value is >= `target`, or None."""
+    reached = np.flatnonzero(run.values >= target)
+    if not len(reached):
+        return None
+    i = int(reached[0])
+    return float(run.minutes[i]), int(run.env_frames[i])
+
+
+def targets_for(env: str, requested: tuple[float, ...] | None) -> tuple[float, ...]:
+    if requested is not None:
+        return requested
+    if env in DEFAULT_TARGETS:
+        return DEFAULT_TARGETS[env]
+    family = env.split(":", 1)[0] + ":"
+    return DEFAULT_TARGETS.get(family, ())
+
+
+def parse_targets(values: list[str]) -> tuple[float, ...] | None:
+    """--targets values -> floats; [] -> None (the per-env defaults)."""
+    if not values:
+        return None
+    out = []
+    for value in values:
+        try:
+            out.append(float(value))
+        except ValueError:
+            raise CurvesError(f"--targets: got {value!r}, expected numbers separated by commas, e.g. 0.4,0.8") from None
+    return tuple(out)
+
+
+# ----------------------------------------------------------------------------------------------- grouping
+
+
+def group_key(run: Run) -> tuple:
+    if run.config is None:
+        return ("logdir", run.logdir, run.metric)
+    items = sorted((k, json.dumps(v, sort_keys=True)) for k, v in run.config.items() if k not in NOT_GROUPED)
+    return ("config", tuple(items), run.metric)
+
+
+def group_runs(runs: list[Run]) -> list[tuple[str, list[Run]]]:
+    """Runs grouped by configuration without seed and logdir (and by metric), in first-seen order, with labels:
+    agent and env, the configuration values that differ between groups of the same env, the number of seeds."""
+    groups: dict[tuple, list[Run]] = {}
+    for run in runs:
+        groups.setdefault(group_key(run), []).append(run)
+    configs = [members[0].config or {} for members in groups.values()]
+    differing = sorted({k for a in configs for b in configs if a.get("env") == b.get("env")
+                        for k in set(a) | set(b) if k not in NOT_GROUPED and a.get(k) != b.get(k)})
+    labelled = []
+    for members in groups.values():
+        first = members[0]
+        if first.config is None:
+            label = os.path.basename(os.path.normpath(first.logdir))
+        else:
+            label = f"{first.config.get('agent', '?')} {first.env}"
+            label += "".join(f" {k}={first.config.get(k)}" for k in differing if k not in ("agent", "env"))
+        seeds = sorted(str(run.seed) for run in members if run.seed is not None)
+        if len(members) > 1:
+            label += f" ({len(members)} runs, seeds {', '.join(seeds)})"
+        labelled.append((label, members))
+    return labelled
+
+
+def band(runs: list[Run], axis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(x, mean, min, max) [GRID_POINTS] of the runs' values interpolated onto a common x grid (`axis`:
+    "env_frames" or "minutes") over the range every run covers; rows whose x does not exceed an earlier row's
+    (env frames repeated after a resume) are left out of the interpolation."""
+    curves = []
+    for run in runs:
+        x = getattr(run, axis).astype(np.float64)
+        increasing = x > np.maximum.accumulate(np.concatenate([[-np.inf], x[:-1]]))
+        curves.append((x[increasing], run.values[increasing]))
+    low, high = max(x[0] for x, _ in curves), min(x[-1] for x, _ in curves)
+    grid = np.linspace(low, high, GRID_POINTS) if high > low else np.array([low])
+    values = np.stack([np.interp(grid, x, y) for x, y in curves])
+    return grid, values.mean(0), values.min(0), values.max(0)
+
+
+# ----------------------------------------------------------------------------------------------- outputs
+
+
+def file_name(env: str) -> str:
+    return "curves_" + re.sub(r"[^A-Za-z0-9_.-]+", "_", env) + ".png"
+
+
+def plot(groups: list[tuple[str, list[Run]]], env: str, targets: tuple[float, ...], path: str) -> None:
+    """One figure: the metric against env frames (left) and wall-clock minutes (right), a mean line and a
+    min-max band per group, dashed target lines."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    metrics = sorted({run.metric for _, runs in groups for run in runs})
+    for axis, ax, xlabel in (("env_frames", axes[0], "env frames"), ("minutes", axes[1], "wall-clock minutes")):
+        for index, (label, runs) in enumerate(groups):
+            colour = f"C{index % 10}"
+            if len(runs) == 1:
+                ax.plot(getattr(runs[0], axis), runs[0].values, color=colour, label=label)
+                continue
+            x, mean, low, high = band(runs, axis)
+            ax.plot(x, mean, color=colour, label=label)
+            ax.fill_between(x, low, high, color=colour, alpha=0.2, linewidth=0)
+        for target in targets:
+            ax.axhline(target, color="0.4", linestyle="--", linewidth=1)
+            ax.annotate(f"target {target:g}", (1.0, target), xycoords=("axes fraction", "data"), fontsize=8,
+                        color="0.3", va="bottom", ha="right")
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(" / ".join(metrics))
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=8, loc="best")
+    fig.suptitle(f"{env}: {' / '.join(metrics)} (mean over seeds, band min-max)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def reach_cell(run: Run, target: float) -> str:
+    reached = first_reach(run, target)
+    return "not reached" if reached is None else f"{reached[0]:.1f} min / {reached[1]:,}"
+
+
+def markdown(sections: list[tuple[str, list[tuple[str, list[Run]]], tuple[float, ...]]]) -> str:
+    """Per env, one row per run: group, seed, metric, segments, final value and env frames, learner minutes,
+    and per target the minutes / env frames when the metric first reached it."""
+    lines = ["# Learning curves", "",
+             "Minutes are the learner's wall-clock running time (segments of a resumed run added up); "
+             "frames are env frames (agent steps x action repeat). A target is reached at the first metrics row "
+             "whose value is >= the target."]
+    for env, groups, targets in sections:
+        lines += ["", f"## {env}", "", f"![{env}]({file_name(env)})", ""]
+        header = "| run | group | seed | metric | final value | final env frames | minutes |"
+        header += "".join(f" reaches {t:g} (minutes / env frames) |" for t in targets)
+        lines += [header, "|---|---|---:|---|---:|---:|---:|" + "---:|" * len(targets)]
+        for label, runs in groups:
+            for run in runs:
+                resumed = "".join(f", resumed at {f:,}" for f in run.resumed_at_frames)
+                final = "-" if run.final_value is None else f"{run.final_value:.3g}"
+                row = (f"| {run.logdir}{resumed} | {label} | {'-' if run.seed is None else run.seed} | {run.metric} "
+                       f"| {final} | {run.final_env_frames:,} | {run.total_minutes:.1f} |")
+                row += "".join(f" {reach_cell(run, t)} |" for t in targets)
+                lines.append(row)
+    return "\n".join(lines) + "\n"
+
+
+def write_report(logdirs: list[str], out_dir: str, metric: str = "",
+                 targets: tuple[float, ...] | None = None) -> tuple[str, list[str]]:
+    """Reads the runs, writes `curves.md` and one PNG per env into `out_dir`; returns (markdown, paths)."""
+    if not logdirs:
+        raise CurvesError("--curves: got no logdirs, expected one or more learner logdirs")
+    runs = [load_run(logdir, metric) for logdir in logdirs]
+    os.makedirs(out_dir, exist_ok=True)
+    by_env: dict[str, list[Run]] = {}
+    for run in runs:
+        by_env.setdefault(run.env, []).append(run)
+    sections, paths = [], []
+    for env, env_runs in by_env.items():
+        groups = group_runs(env_runs)
+        env_targets = targets_for(env, targets)
+        path = os.path.join(out_dir, file_name(env))
+        plot(groups, env, env_targets, path)
+        paths.append(path)
+        sections.append((env, groups, env_targets))
+    text = markdown(sections)
+    md_path = os.path.join(out_dir, "curves.md")
+    with open(md_path, "w") as f:
+        f.write(text)
+    return text, [md_path, *paths]

@@ -1,0 +1,148 @@
+"""seed-report --curves on recorded metrics: wall-clock minutes across a resume, the time to reach a target,
+the default metric, grouping by seed, the min-max band, the markdown table and the PNG, and the CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from seed import checkpoint
+from seed.bench import curves
+from tests.conftest import REPO
+
+CONFIG = {"agent": "vtrace", "env": "gym:CartPole-v1", "learning_rate": 0.001, "batch_size": 16,
+          "logdir": "", "seed": 0, "server_address": "unix:x.sock"}
+
+
+def write_run(logdir, rows: list[dict], config: dict | None = None, config_in_checkpoint: bool = False) -> str:
+    """A logdir with metrics.jsonl rows and the run's configuration in config.json or in its checkpoint."""
+    os.makedirs(logdir, exist_ok=True)
+    with open(os.path.join(logdir, "metrics.jsonl"), "w") as f:
+        for row in rows:
+            f.write(json.dumps(row) + "\n")
+    if config is not None:
+        config = {**config, "logdir": str(logdir)}
+        if config_in_checkpoint:
+            checkpoint.save(str(logdir), {"agent": {}, "optimizer": {}, "counters": {}, "config": config})
+        else:
+            with open(os.path.join(logdir, "config.json"), "w") as f:
+                json.dump(config, f)
+    return str(logdir)
+
+
+def rows(times, frames, values, key="episode_return_mean") -> list[dict]:
+    return [{"time_s": t, "env_frames": f, key: v, "train_steps": 0} for t, f, v in zip(times, frames, values,
+                                                                                           strict=True)]
+
+
+# Seed 0: 3 minutes of learning, killed, resumed from a checkpoint at 2,500 frames (time_s restarts), and
+# reaching 450 at 90 s into the second segment: 180 + 90 = 270 s = 4.5 minutes, at 4,000 frames.
+RESUMED = rows([60, 120, 180, 30, 90], [1000, 2000, 3000, 2500, 4000], [100, None, 300, 350, 460])
+SEED1 = rows([60, 120, 180, 240, 300], [1000, 2000, 3000, 4000, 5000], [120, 220, 320, 420, 440])
+
+
+@pytest.fixture
+def three_runs(tmp_path):
+    """Seeds 0 and 1 of one configuration (configuration in config.json and in the checkpoint) and a run with
+    another learning rate."""
+    a = write_run(tmp_path / "seed0", RESUMED, {**CONFIG, "seed": 0})
+    b = write_run(tmp_path / "seed1", SEED1, {**CONFIG, "seed": 1}, config_in_checkpoint=True)
+    c = write_run(tmp_path / "lr", rows([60, 120], [1000, 2000], [50, 60]), {**CONFIG, "learning_rate": 0.01})
+    return a, b, c
+
+
+def test_minutes_continue_across_a_resume(three_runs):
+    run = curves.load_run(three_runs[0])
+    assert run.metric == "episode_return_mean"
+    assert run.minutes.tolist() == [1.0, 3.0, 3.5, 4.5]  # the row without a value (2.0 min) is skipped
+    assert run.env_frames.tolist() == [1000, 3000, 2500, 4000]
+    assert run.resumed_at_frames == [2500]
+    assert (run.final_env_frames, run.total_minutes, run.final_value) == (4000, 4.5, 460.0)
+    assert curves.first_reach(run, 450) == (4.5, 4000)
+    assert curves.first_reach(run, 300) == (3.0, 3000)  # >= counts
+    assert curves.first_reach(run, 461) is None
+
+
+def test_default_metric_is_the_eval_running_mean_where_logged(tmp_path):
+    logged = rows([10, 20, 30], [100, 200, 300], [1, 2, 3])
+    logged[1][curves.EVAL_METRIC] = 7.0
+    logged[2][curves.EVAL_METRIC] = 9.0
+    run = curves.load_run(write_run(tmp_path / "a", logged))
+    assert run.metric == curves.EVAL_METRIC and run.values.tolist() == [7.0, 9.0]
+    assert curves.load_run(str(tmp_path / "a"), "episode_return_mean").values.tolist() == [1, 2, 3]
+    with pytest.raises(curves.CurvesError, match="no row has a value for 'losses/total'"):
+        curves.load_run(str(tmp_path / "a"), "losses/total")
+
+
+def test_runs_group_by_configuration_without_seed(three_runs):
+    groups = curves.group_runs([curves.load_run(logdir) for logdir in three_runs])
+    assert [(label, [os.path.basename(r.logdir) for r in runs]) for label, runs in groups] == [
+        ("vtrace gym:CartPole-v1 learning_rate=0.001 (2 runs, seeds 0, 1)", ["seed0", "seed1"]),
+        ("vtrace gym:CartPole-v1 learning_rate=0.01", ["lr"]),
+    ]
+
+
+def test_band_is_mean_min_max_over_the_common_range(tmp_path):
+    low = curves.load_run(write_run(tmp_path / "low", rows([60, 120, 180], [0, 100, 200], [0, 10, 20])))
+    high = curves.load_run(write_run(tmp_path / "high", rows([60, 120, 180, 240], [0, 100, 200, 300],
+                                                             [10, 20, 30, 40])))
+    x, mean, lo, hi = curves.band([low, high], "env_frames")
+    assert x[0] == 0 and x[-1] == 200  # the range both runs cover
+    np.testing.assert_allclose(mean, x / 10 + 5)
+    np.testing.assert_allclose(lo, x / 10)
+    np.testing.assert_allclose(hi, x / 10 + 10)
+    x, mean, _, _ = curves.band([low, high], "minutes")
+    assert (x[0], x[-1]) == (1.0, 3.0)
+
+
+def test_table_and_png(three_runs, tmp_path):
+    out = str(tmp_path / "report")
+    text, paths = curves.write_report(list(three_runs), out)
+    png = os.path.join(out, "curves_gym_CartPole-v1.png")
+    assert paths == [os.path.join(out, "curves.md"), png]
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+    lines = text.splitlines()
+    assert "| run | group | seed | metric | final value | final env frames | minutes | reaches 450 (minutes / env " \
+           "frames) |" in lines  # CartPole's default target
+    group = "vtrace gym:CartPole-v1 learning_rate=0.001 (2 runs, seeds 0, 1)"
+    assert (f"| {three_runs[0]}, resumed at 2,500 | {group} | 0 | episode_return_mean | 460 | 4,000 | 4.5 "
+            f"| 4.5 min / 4,000 |") in lines
+    assert f"| {three_runs[1]} | {group} | 1 | episode_return_mean | 440 | 5,000 | 5.0 | not reached |" in lines
+    text, _ = curves.write_report(list(three_runs[1:]), out, targets=(100.0, 400.0))
+    assert text.splitlines()[-2].endswith("| 1.0 min / 1,000 | 4.0 min / 4,000 |")  # seed 1: 120 at 1 min, 420 at 4
+
+
+def test_default_targets():
+    assert curves.targets_for("atari:Pong", None) == (18.0,)
+    assert curves.targets_for("football:academy_empty_goal_close", None) == (0.4, 0.8)
+    assert curves.targets_for("atari:Breakout", None) == ()
+    assert curves.targets_for("atari:Pong", (1.0,)) == (1.0,)
+    with pytest.raises(curves.CurvesError, match="--targets: got 'x'"):
+        curves.parse_targets(["0.4", "x"])
+
+
+def seed_report(args: list[str], cwd: str) -> subprocess.CompletedProcess:
+    code = f"import sys\nfrom seed.bench.report import run\nsys.argv = ['seed-report'] + {args!r}\nrun()"
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, PYTHONPATH=REPO))
+
+
+def test_cli(three_runs, tmp_path):
+    done = seed_report(["--curves", *three_runs, "--targets=0.4,300"], str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = tmp_path / "bench_results" / "curves"
+    table = [line for line in (out / "curves.md").read_text().splitlines() if line.startswith(f"| {three_runs[0]}")]
+    assert table[0].endswith("| 1.0 min / 1,000 | 3.0 min / 3,000 |")  # seed 0 reaches 0.4 at once, 300 at 3 min
+    assert (out / "curves_gym_CartPole-v1.png").stat().st_size > 10_000
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "checkpoint.pt").write_bytes(b"")
+    done = seed_report(["--curves", str(empty), f"--out={tmp_path / 'x'}"], str(tmp_path))
+    assert done.returncode == 2
+    assert "expected a metrics.jsonl" in done.stderr and "found: checkpoint.pt" in done.stderr
