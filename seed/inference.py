@@ -10,7 +10,6 @@ unroll store and hand completed unrolls to the experience thread.
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,50 +17,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from seed.contracts import FinishedEpisodes, InferenceBatch
 from seed.parameters import ParameterPublisher
-from seed.policy import EagerPolicy, GraphedPolicy, PolicyInputs
+from seed.policy import EagerPolicy, GraphedPolicy
 from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
 from seed.state_table import StateTable
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
 from seed.wire import to_torch
-
-
-@dataclasses.dataclass
-class InferenceBatch:
-    """The agent's `act` input: B env rows on the inference device.
-
-    Attributes:
-      env_ids: int64 [B] (padded rows of a fixed-size batch carry the state table's scratch row id).
-      observation: [B, *observation_shape], single frames as the actors sent them.
-      reward: float32 [B], reward received on arriving at this step.
-      done: bool [B], this step starts a new episode (reset the recurrent state and frame stack first).
-      prev_action: int64 [B], the action taken at the previous step.
-    """
-
-    env_ids: torch.Tensor
-    observation: torch.Tensor
-    reward: torch.Tensor
-    done: torch.Tensor
-    prev_action: torch.Tensor
-
-
-@dataclasses.dataclass
-class ActOutput:
-    """The agent's `act` result: actions int64 [B], outputs to store [B, ...], new state rows [B, ...]."""
-
-    action: torch.Tensor
-    outputs: dict[str, torch.Tensor]
-    state: dict[str, torch.Tensor]
-
-
-@dataclasses.dataclass
-class FinishedEpisodes:
-    """Episodes that ended in one batch, from the learner's state table (returns as the loss sees them)."""
-
-    env_ids: np.ndarray  # int64 [E]
-    returns: np.ndarray  # float64 [E]
-    lengths: np.ndarray  # int64 [E], agent steps
 
 
 class CentralInference:
@@ -200,8 +163,8 @@ class CentralInference:
         observation = self._staging[:b]
         self.parameters.refresh()
         clock.append(time.perf_counter())
-        inputs = PolicyInputs(observation, host["env_ids"][:b], host["prev_action"][:b], host["reward"][:b],
-                              host["done"][:b])
+        inputs = InferenceBatch(env_ids=host["env_ids"][:b], observation=observation, reward=host["reward"][:b],
+                                done=host["done"][:b], prev_action=host["prev_action"][:b])
         action, outputs, state_before = self.policy(inputs)  # host action [B]; host outputs; device state
         clock.append(time.perf_counter())
 

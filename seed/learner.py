@@ -28,10 +28,11 @@ import torch
 from seed import checkpoint
 from seed.agents import agent_module
 from seed.config import LearnerConfig
+from seed.contracts import FinishedEpisodes
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
 from seed.experience import FifoExperience, ReplayExperience, SinkThread
-from seed.inference import CentralInference, FinishedEpisodes
+from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
 from seed.replay import PrioritizedReplay
 from seed.serving.notify import RequestBatcher, send_replies
