@@ -1,6 +1,7 @@
 """The serving path without actors: the step slab, request batching over real pipes, batch assembly in central
 inference (rows of several actors, a replaced actor, a failing batch) and the slab service over real gRPC."""
 
+import contextlib
 import os
 import threading
 import time
@@ -160,11 +161,80 @@ def test_failing_batch_fails_its_requests_and_the_next_batch_works(learner):
     assert all(status == REPLY_OK for status, _ in replies.values())
 
 
-class _FakeInference:
-    """Stands in for the learner's inference thread: answers every notified slot with action = actor index."""
+@pytest.mark.parametrize("in_progress", [False, True])
+def test_slot_rewritten_while_inference_reads_it_is_dropped(learner, in_progress):
+    """A new serving process writes a new run into actor 0's slot between inference's check of the request and
+    its copy of the rows (or is half-way through that write): the copy is dropped, never recorded as a step of
+    either run nor answered, and the new run's own request is then served as its first step."""
+    inference, slab = learner.inference, learner.slab
+    for _ in range(2):
+        serve_steps(inference, [_step(0, observation=np.full((K, 8), 1.0, np.float32))])
+    old_seq = slab.write_request(0, 1, *_step(0, observation=np.full((K, 8), 1.0, np.float32))[2:])
+    gather = inference._gather
 
-    def __init__(self, slab, request_fd, reply):
-        self.slab, self.served = slab, []
+    def new_run_writes_meanwhile(actors, env_ids):
+        slab.live_run[0] = 2  # the new serving process's handshake
+        if in_progress:  # a writer between its mark and its publish
+            slab.request_seq[0] = -(old_seq + 1)
+            slab.observation[:K // 2] = 9.0
+        else:
+            slab.write_request(0, 2, *_step(0, run_id=2, reward=5.0, observation=np.full((K, 8), 2.0, np.float32))[2:])
+        inference._gather = gather
+        return gather(actors, env_ids)
+
+    inference._gather = new_run_writes_meanwhile
+    learner.replies.clear()
+    inference.run_batch(np.array([0]), np.array([old_seq]))
+    assert learner.replies == [] and int(slab.reply_seq[0]) == old_seq - 1  # dropped, not answered
+    assert inference.actor_run.tolist() == [1, 0, 0]
+    assert (inference.unroll_store.write_index[:K] == 2).all()  # nothing recorded
+    assert (inference.unroll_store.steps["observation"][:K, :2] == 1.0).all()
+    if in_progress:
+        slab.write_request(0, 2, *_step(0, run_id=2, reward=5.0, observation=np.full((K, 8), 2.0, np.float32))[2:])
+    inference.run_batch(np.array([0]), np.array([int(slab.request_seq[0])]))  # the new run's own notification
+    assert int(slab.reply_status[0]) == REPLY_OK and int(slab.reply_seq[0]) == int(slab.request_seq[0]) > old_seq
+    assert inference.actor_run.tolist() == [2, 0, 0]
+    store = inference.unroll_store
+    assert (store.write_index[:K] == 1).all()  # the new run's first step, on fresh rows
+    assert (store.steps["observation"][:K, 0] == 2.0).all()
+    assert store.steps["done"][:K, 0].all() and (store.steps["reward"][:K, 0] == 0).all()
+
+
+def test_unroll_store_failure_leaves_no_unroll_across_the_missing_step(learner):
+    """The unroll store raises once after the actors were answered: the step is missing, so the actor's next
+    step starts over (done, reward 0, zero state) and no emitted unroll spans the hole."""
+    inference = learner.inference
+    append = inference.unroll_store.append
+    failures = []
+
+    def fails_at_step_2(env_ids, step, state_before):
+        if (step["observation"][:, 0] == 2.0).all() and not failures:
+            failures.append(1)
+            raise MemoryError("unroll store full")
+        return append(env_ids, step, state_before)
+
+    inference.unroll_store.append = fails_at_step_2
+    for t in range(9):
+        observation = np.full((K, 8), float(t), np.float32)
+        with contextlib.suppress(MemoryError):  # the code before this fix raised it out of run_batch
+            replies = serve_steps(inference, [_step(0, reward=float(t), observation=observation)])
+        assert replies[0][0] == REPLY_OK
+    assert failures and learner.unrolls
+    for unroll in learner.unrolls:
+        steps = unroll.observation[:, 0][unroll.valid].tolist()
+        assert steps == list(np.arange(steps[0], steps[0] + len(steps))), f"an unroll across the hole: {steps}"
+    after = [u for u in learner.unrolls if u.observation[0, 0] >= 3]
+    assert after[0].observation[:, 0].tolist() == [3.0, 4.0, 5.0]
+    assert after[0].done[0] and after[0].reward[0] == 0 and not after[0].done[1:].any()
+    assert all(v.abs().sum() == 0 for v in after[0].initial_state.values())
+
+
+class _FakeInference:
+    """Stands in for the learner's inference thread: answers every notified slot with action = actor index
+    (`wake=False`: writes the reply into the slab but never notifies the serving side)."""
+
+    def __init__(self, slab, request_fd, reply, wake=True):
+        self.slab, self.served, self.wake = slab, [], wake
         self.batcher = notify.RequestBatcher(request_fd, slab, 1, 0.0)
         self.reply = reply
         self.stop = threading.Event()
@@ -181,7 +251,8 @@ class _FakeInference:
                 self.slab.action[self.slab.rows(actor)] = actor
                 self.slab.reply_status[actor] = REPLY_OK
                 self.slab.reply_seq[actor] = seq
-            self.reply(batch[0])
+            if self.wake:
+                self.reply(batch[0])
 
 
 def test_malformed_request_is_rejected_without_touching_the_slab(slab, tmp_path):
