@@ -65,6 +65,22 @@ def test_slab_layout_is_shared_between_mappings(slab):
     other.close()
 
 
+def test_slot_is_marked_while_its_rows_are_written(slab):
+    """request_seq is negative from before the first row is written until the request is published, so a reader
+    that copied rows meanwhile sees that its slot changed."""
+    seen = []
+
+    class Watched(np.ndarray):
+        def __setitem__(self, index, value):
+            seen.append(int(slab.request_seq[1]))
+            super().__setitem__(index, value)
+
+    slab.observation = slab.observation.view(Watched)
+    seq = slab.write_request(1, 7, *_step(1)[2:])
+    assert seen == [-seq] and int(slab.request_seq[1]) == seq == 1
+    assert slab.write_request(1, 7, *_step(1)[2:]) == 2 and seen == [-1, -2]
+
+
 def test_batcher_takes_a_full_batch_without_waiting_for_the_timeout(slab):
     read_fd, write_fd = os.pipe()
     batcher = notify.RequestBatcher(read_fd, slab, batch_rows=2 * K, timeout_s=30.0)
