@@ -20,7 +20,7 @@ from seed.serving import notify
 from seed.serving.service import SlabService
 from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
 from seed.transport import start_grpc_server
-from tests.conftest import serve_steps
+from tests.conftest import serve_steps, wait_for
 
 K = 4
 
@@ -308,6 +308,106 @@ def test_malformed_request_is_rejected_without_touching_the_slab(slab, tmp_path)
         stop.set()
         fake.stop.set()
         fake.thread.join(timeout=5)
+        server.stop(0)
+        os.close(request_read), os.close(request_write)
+
+
+def _handshake(spec, actor, run_id):
+    return seed_pb2.ActorMessage(handshake=seed_pb2.Handshake(actor_index=actor, run_id=run_id, num_envs=K,
+                                                               spec=wire.spec_to_proto(spec)))
+
+
+def _step_message(observation):
+    return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
+        observation=wire.encode_tensor(observation), reward=wire.encode_tensor(np.ones(K, np.float32)),
+        done=wire.encode_tensor(np.zeros(K, bool)), truncated=wire.encode_tensor(np.zeros(K, bool))))
+
+
+def _stream_in_thread(address, messages):
+    """Runs one Stream call on its own thread; returns (replies list, errors list, thread)."""
+    replies, errors = [], []
+
+    def run():
+        try:
+            with grpc.insecure_channel(address) as channel:
+                for reply in seed_pb2_grpc.LearnerStub(channel).Stream(iter(messages), timeout=30):
+                    replies.append(reply)
+        except grpc.RpcError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return replies, errors, thread
+
+
+def test_reply_is_read_only_after_its_wake_up(slab, tmp_path):
+    """The stream trusts the slab's reply only after the reply reader woke it (the pipe read that orders
+    inference's slab writes before the stream's reads on weakly ordered CPUs), never by polling reply_seq on a
+    timeout: a reply written into the slab without a wake-up is not returned; the wake-up releases it at once.
+    (On x86 a CPU test cannot show a reordering; it shows which path the stream takes.)"""
+    spec = make_spec("fake:vector")
+    request_read, request_write = os.pipe()
+    stop = threading.Event()
+    service = SlabService(spec, slab, [request_write], lambda returns: None, stop)
+    fake = _FakeInference(slab, request_read, service.wake, wake=False)
+    server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
+    try:
+        replies, errors, thread = _stream_in_thread(
+            address, [_handshake(spec, 2, 5), _step_message(np.full((K, 8), 7.0, np.float32))])
+        wait_for(lambda: int(slab.reply_seq[2]) == 1, 10, "the reply in the slab")
+        time.sleep(1.6)  # three of the stream's 0.5 s wait timeouts
+        assert len(replies) == 1 and not errors  # the handshake reply only
+        service.wake(np.array([2]))
+        thread.join(timeout=10)
+        assert len(replies) == 2 and not errors
+        assert wire.decode_tensor(replies[1].actions.action, "a", "int32", (K,)).tolist() == [2] * K
+    finally:
+        stop.set()
+        fake.stop.set()
+        fake.thread.join(timeout=5)
+        server.stop(0)
+        os.close(request_read), os.close(request_write)
+
+
+@pytest.mark.parametrize("notified", [True, False])
+def test_new_serving_process_waits_for_the_request_its_predecessor_left(learner, tmp_path, notified):
+    """The serving process died with actor 1's request in its slot (notified, or not yet). The new serving
+    process's first write for that actor waits until inference answered the old request (stale: a new run
+    handshook), so inference never reads rows being overwritten; the new run's step is then its first step."""
+    slab, inference = learner.slab, learner.inference
+    for _ in range(2):
+        serve_steps(inference, [_step(1, observation=np.full((K, 8), 1.0, np.float32))])
+    request_read, request_write = os.pipe()
+    old_seq = slab.write_request(1, 1, *_step(1, observation=np.full((K, 8), 11.0, np.float32))[2:])
+    if notified:
+        notify.send_request(request_write, 1, old_seq)
+    stop = threading.Event()
+    service = SlabService(learner.spec, slab, [request_write], lambda returns: None, stop)  # the new process
+    inference.reply = service.wake
+    server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
+    batcher = notify.RequestBatcher(request_read, slab, batch_rows=1, timeout_s=0.0)
+    try:
+        replies, errors, thread = _stream_in_thread(
+            address, [_handshake(learner.spec, 1, 2), _step_message(np.full((K, 8), 22.0, np.float32))])
+        wait_for(lambda: int(slab.live_run[1]) == 2, 10, "the new run's handshake")
+        time.sleep(1.0)
+        # The old request is still in the slot, unanswered: nothing overwrote it.
+        assert int(slab.request_seq[1]) == old_seq and (slab.observation[K:2 * K] == 11.0).all()
+        statuses = {}
+        while thread.is_alive():
+            batch = batcher.next_batch(0.1)
+            if batch is not None:
+                inference.run_batch(*batch)
+                statuses.update({int(s): int(slab.reply_status[1]) for s in batch[1] if int(slab.reply_seq[1]) == s})
+        assert not errors and len(replies) == 2
+        assert statuses == {old_seq: REPLY_STALE, old_seq + 1: REPLY_OK}
+        store = inference.unroll_store
+        assert inference.actor_run.tolist() == [0, 2, 0] and (store.write_index[K:2 * K] == 1).all()
+        assert (store.steps["observation"][K:2 * K, 0] == 22.0).all() and store.steps["done"][K:2 * K, 0].all()
+        np.testing.assert_array_equal(inference.prev_action[K:2 * K],
+                                      wire.decode_tensor(replies[1].actions.action, "a", "int32", (K,)))
+    finally:
+        stop.set()
         server.stop(0)
         os.close(request_read), os.close(request_write)
 
