@@ -18,10 +18,16 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from seed.contracts import State
 from seed.envs.base import EnvSpec
 from seed.wire import torch_dtype
 
-State = dict[str, torch.Tensor]
+
+def resolve_network(spec: EnvSpec, requested: str, image_default: str) -> str:
+    """The torso to build: `requested`, or for "auto" an MLP on vector observations and `image_default` on images."""
+    if requested != "auto":
+        return requested
+    return "mlp" if len(spec.observation_shape) == 1 else image_default
 
 
 def stack_frames(previous: torch.Tensor, observation: torch.Tensor, done: torch.Tensor

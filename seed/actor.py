@@ -6,7 +6,7 @@ once; their new first frame goes out with done=True). When the learner goes away
 with exponential backoff and a new run id (its envs restart their episodes); a rejected handshake
 (INVALID_ARGUMENT) or a wrong token (UNAUTHENTICATED) is a configuration error and ends the actor. SIGTERM ends
 it cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
-call's metadata (seed/transport.py).
+call's metadata (seed/transport/).
 """
 
 from __future__ import annotations

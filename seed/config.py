@@ -47,7 +47,7 @@ class EnvOptions:
 
 @dataclasses.dataclass
 class TransportOptions:
-    """Transport security flags shared by learner and actor (see seed/transport.py)."""
+    """Transport security flags shared by learner and actor (see seed/transport/security.py)."""
 
     tls_cert: str = _field("", "Mutual TLS: this side's PEM certificate (learner: server cert; actor: client cert).")
     tls_key: str = _field("", "Mutual TLS: the PEM private key of --tls_cert.")

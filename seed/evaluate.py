@@ -164,7 +164,7 @@ def play(agent: Any, env_batch: Any, quotas: np.ndarray, device: Any, video: Epi
     """
     import torch
 
-    from seed.inference import InferenceBatch
+    from seed.contracts import InferenceBatch
     from seed.wire import to_torch
 
     m = env_batch.num_envs

@@ -1,16 +1,16 @@
 """Central inference for one device: slab rows in, actions out, steps into the unroll store.
 
 `CentralInference.run_batch(actors, seqs)` is the learner's hot path. Per batch it does a fixed number of
-vectorised operations, whatever the number of actors or envs: drop outdated and stale requests, reset the
-rows of new actor runs, gather the ready rows of the step slab into a (pinned) staging buffer, copy them to
-the device once, run the policy (the agent's `act` between a state gather and scatter; replayed as a CUDA
-graph on GPUs), copy actions and outputs back once, answer the actors, and only then append the step to the
-unroll store and hand completed unrolls to the experience thread.
+vectorised operations, whatever the number of actors or envs: drop outdated requests and answer stale ones,
+gather the ready rows of the step slab into a (pinned) staging buffer and check that no slot changed meanwhile,
+reset the rows of new actor runs, copy the rows to the device once, run the policy (the agent's `act` between a
+state gather and scatter; replayed as a CUDA graph on GPUs), copy actions and outputs back once, answer the
+actors, and only then append the step to the unroll store and hand completed unrolls to the experience thread.
 """
 
 from __future__ import annotations
 
-import dataclasses
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,50 +18,16 @@ from typing import Any
 import numpy as np
 import torch
 
+from seed.contracts import FinishedEpisodes, InferenceBatch
 from seed.parameters import ParameterPublisher
-from seed.policy import EagerPolicy, GraphedPolicy, PolicyInputs
+from seed.policy import EagerPolicy, GraphedPolicy
 from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
 from seed.state_table import StateTable
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
 from seed.wire import to_torch
 
-
-@dataclasses.dataclass
-class InferenceBatch:
-    """The agent's `act` input: B env rows on the inference device.
-
-    Attributes:
-      env_ids: int64 [B] (padded rows of a fixed-size batch carry the state table's scratch row id).
-      observation: [B, *observation_shape], single frames as the actors sent them.
-      reward: float32 [B], reward received on arriving at this step.
-      done: bool [B], this step starts a new episode (reset the recurrent state and frame stack first).
-      prev_action: int64 [B], the action taken at the previous step.
-    """
-
-    env_ids: torch.Tensor
-    observation: torch.Tensor
-    reward: torch.Tensor
-    done: torch.Tensor
-    prev_action: torch.Tensor
-
-
-@dataclasses.dataclass
-class ActOutput:
-    """The agent's `act` result: actions int64 [B], outputs to store [B, ...], new state rows [B, ...]."""
-
-    action: torch.Tensor
-    outputs: dict[str, torch.Tensor]
-    state: dict[str, torch.Tensor]
-
-
-@dataclasses.dataclass
-class FinishedEpisodes:
-    """Episodes that ended in one batch, from the learner's state table (returns as the loss sees them)."""
-
-    env_ids: np.ndarray  # int64 [E]
-    returns: np.ndarray  # float64 [E]
-    lengths: np.ndarray  # int64 [E], agent steps
+log = logging.getLogger(__name__)
 
 
 class CentralInference:
@@ -131,19 +97,30 @@ class CentralInference:
         """int64 [n * K]: the rows of `actors`, actor by actor."""
         return (actors[:, None] * self.k + np.arange(self.k)).reshape(-1)
 
-    def _requests(self, actors: np.ndarray, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """The live requests (actors, seqs), one per slot; answers stale ones (their actor run was replaced)."""
+    def _requests(self, actors: np.ndarray, seqs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The live requests (actors, seqs, runs), one per slot, in arrival order.
+
+        Drops notifications that outlived their request (the slot holds a newer one, or one being written),
+        re-wakes slots whose request was answered already (a new serving process notifies again the request its
+        predecessor left), and answers stale requests (their actor run was replaced) without reading their rows.
+        The run of each request is read here, once, after its sequence number (see `_serve`).
+        """
         slab = self.slab
-        current = seqs == slab.request_seq[actors]  # else the notification outlived its request
+        pending = seqs == slab.request_seq[actors]
+        answered = pending & (slab.reply_seq[actors] == seqs)
+        if answered.any():
+            self.reply(np.unique(actors[answered]))  # the reply is in the slab already: wake its reader again
+        current = pending & ~answered
         actors, seqs = actors[current], seqs[current]
         # One request per slot (the newest), in arrival order.
         _, last = np.unique(actors[::-1], return_index=True)
         keep = np.sort(len(actors) - 1 - last)
         actors, seqs = actors[keep], seqs[keep]
-        stale = slab.live_run[actors] != slab.request_run[actors]
+        runs = slab.request_run[actors]
+        stale = slab.live_run[actors] != runs
         if stale.any():
             self._answer(actors[stale], seqs[stale], REPLY_STALE)
-        return actors[~stale], seqs[~stale]
+        return actors[~stale], seqs[~stale], runs[~stale]
 
     def _answer(self, actors: np.ndarray, seqs: np.ndarray, status: int) -> None:
         self.slab.reply_status[actors] = status
@@ -151,29 +128,54 @@ class CentralInference:
         self.reply(actors)
 
     def _run_batch(self, actors: np.ndarray, seqs: np.ndarray) -> None:
-        actors, seqs = self._requests(actors, seqs)
+        actors, seqs, runs = self._requests(actors, seqs)
         if not len(actors):
             return
         try:
-            completed, timing = self._serve(actors, seqs)
+            served = self._serve(actors, seqs, runs)
         except Exception:
             answered = self.slab.reply_seq[actors] == seqs
             self._answer(actors[~answered], seqs[~answered], REPLY_FAILED)
             raise
+        if served is None:
+            return
+        completed, timing = served
         start = time.perf_counter()
         if completed:
             self.sink(completed)  # may block: back-pressure from the training side
         timing["inference/sink_ms"] = (time.perf_counter() - start) * 1e3
         self.on_timing(timing)
 
-    def _serve(self, actors: np.ndarray, seqs: np.ndarray) -> tuple[list[Unroll], dict[str, float]]:
+    def _gather(self, actors: np.ndarray, env_ids: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Copies the requests' slab rows out: observations into the staging buffer's first rows, and
+        (arrival_s [n], reward [B], done [B], truncated [B]) returned."""
+        slab = self.slab
+        # One row memcpy per env with NumPy: torch's index_select here woke the intra-op thread pool on every
+        # batch and cost 40% of the inference thread beside a training step (H100 profile, R2D2 Pong).
+        np.take(self._observations_np, env_ids, axis=0, out=self._staging_np[:len(env_ids)], mode="clip")
+        return slab.arrival_s[actors], slab.reward[env_ids], slab.done[env_ids], slab.truncated[env_ids]
+
+    def _serve(self, actors: np.ndarray, seqs: np.ndarray, runs: np.ndarray
+               ) -> tuple[list[Unroll], dict[str, float]] | None:
         """Serves live requests; returns the completed unrolls and the milliseconds spent per stage: prepare
-        (slab rows to staging), policy (to the device, forward, results back), reply, store (unroll store)."""
+        (slab rows to staging), policy (to the device, forward, results back), reply, store (unroll store).
+        None if every request's slot changed while its rows were read."""
         clock = [time.perf_counter()]
         slab, table, k = self.slab, self.state_table, self.k
-        runs = slab.request_run[actors]
-        arrivals = slab.arrival_s[actors]
         env_ids = self._env_ids(actors)
+        arrivals, reward, done, truncated = self._gather(actors, env_ids)
+        # Seqlock-style check: a slot whose sequence number or run changed since `_requests` read them was
+        # rewritten while we copied it (the serving protocol rules it out; a copy torn between two runs must
+        # still never become a step). Its new request has a notification of its own; this one is dropped.
+        changed = (slab.request_seq[actors] != seqs) | (slab.request_run[actors] != runs)
+        if changed.any():
+            rows = np.repeat(~changed, k)
+            kept = int(rows.sum())
+            self._staging_np[:kept] = self._staging_np[:len(rows)][rows]
+            actors, seqs, runs, arrivals = actors[~changed], seqs[~changed], runs[~changed], arrivals[~changed]
+            env_ids, reward, done, truncated = env_ids[rows], reward[rows], done[rows], truncated[rows]
+            if not len(actors):
+                return None
         is_new = self.actor_run[actors] != runs
         if is_new.any():  # first contact of these env ids, or their actor restarted: fresh rows
             new_ids = self._env_ids(actors[is_new])
@@ -182,10 +184,9 @@ class CentralInference:
             self.prev_action[new_ids] = 0
             self.actor_run[actors[is_new]] = runs[is_new]
         first = np.repeat(is_new, k)
-        reward = slab.reward[env_ids]
         reward[first] = 0.0
-        done = slab.done[env_ids] | first
-        truncated = slab.truncated[env_ids] & ~first
+        done = done | first
+        truncated = truncated & ~first
         prev_action = self.prev_action[env_ids]
         self._count_episodes(env_ids, reward, done & ~first)
 
@@ -194,14 +195,11 @@ class CentralInference:
         for name, values in (("env_ids", env_ids), ("prev_action", prev_action), ("reward", reward),
                              ("done", done)):
             self._inputs_np[name][:b] = values
-        # One row memcpy per env with NumPy: torch's index_select here woke the intra-op thread pool on every
-        # batch and cost 40% of the inference thread beside a training step (H100 profile, R2D2 Pong).
-        np.take(self._observations_np, env_ids, axis=0, out=self._staging_np[:b], mode="clip")
         observation = self._staging[:b]
         self.parameters.refresh()
         clock.append(time.perf_counter())
-        inputs = PolicyInputs(observation, host["env_ids"][:b], host["prev_action"][:b], host["reward"][:b],
-                              host["done"][:b])
+        inputs = InferenceBatch(env_ids=host["env_ids"][:b], observation=observation, reward=host["reward"][:b],
+                                done=host["done"][:b], prev_action=host["prev_action"][:b])
         action, outputs, state_before = self.policy(inputs)  # host action [B]; host outputs; device state
         clock.append(time.perf_counter())
 
@@ -223,7 +221,16 @@ class CentralInference:
             "action": action,
             **outputs,
         }
-        completed = self.unroll_store.append(torch.from_numpy(env_ids), step, state_before)
+        try:
+            completed = self.unroll_store.append(torch.from_numpy(env_ids), step, state_before)
+        except Exception:
+            # The actors have their actions and the state table and prev_action have moved on, but this step is
+            # missing from the unrolls: an unroll spanning the hole would pair states, actions and rewards that do
+            # not follow each other. These actors' next steps start over as first contacts (zero state, fresh
+            # unrolls, done set, reward 0); the episodes in progress go uncounted.
+            log.exception("unroll store failed; actors %s start over with fresh rows", actors.tolist())
+            self.actor_run[actors] = 0
+            completed = []
         clock.append(time.perf_counter())
         stages = ("prepare", "policy", "reply", "store")
         return completed, {f"inference/{name}_ms": (clock[i + 1] - clock[i]) * 1e3 for i, name in enumerate(stages)}

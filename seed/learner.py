@@ -30,23 +30,27 @@ import torch
 from seed import checkpoint
 from seed.agents import agent_module
 from seed.config import LearnerConfig
+from seed.contracts import FinishedEpisodes
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
 from seed.experience import FifoExperience, ReplayExperience, SinkThread
-from seed.inference import CentralInference, FinishedEpisodes
+from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
 from seed.replay import PrioritizedReplay
 from seed.serving.notify import RequestBatcher, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
-from seed.transport import default_security, listen_addresses
+from seed.transport import TransportSecurity, listen_addresses
 
 log = logging.getLogger(__name__)
 
 class Learner:
-    """Builds every part from a resolved LearnerConfig; `run()` trains until done or stopped."""
+    """Builds every part from a resolved LearnerConfig; `run()` trains until done or stopped.
 
-    def __init__(self, config: LearnerConfig, spec: EnvSpec | None = None):
+    `security` (TLS, token) is what the serving process listens with; None builds it from `config`'s flags.
+    """
+
+    def __init__(self, config: LearnerConfig, spec: EnvSpec | None = None, security: TransportSecurity | None = None):
         self.config = config
         os.makedirs(config.logdir, exist_ok=True)
         threads = config.torch_threads or os.cpu_count() or 1
@@ -105,7 +109,8 @@ class Learner:
         self.serving = ServingProcess(self.slab.layout, self.spec, listen_addresses(config.server_address),
                                       2 * config.num_actors + 8, [w for _, w in self._request_pipes],
                                       self._reply_read, self.metrics.record_actor_episodes,
-                                      security=default_security(), max_message_bytes=self._max_message_bytes())
+                                      security=security or TransportSecurity.from_config(config),
+                                      max_message_bytes=self._max_message_bytes())
         self._inference_threads = [
             threading.Thread(target=self._serve_inference, args=(inference, batcher), name=f"inference-{i}",
                              daemon=True)

@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from absl import app, flags
 
@@ -15,6 +15,9 @@ from seed.agents import agent_module
 from seed.config import LearnerConfig, build_config, define_flags, explicit_flags, to_json
 from seed.envs import split_env_name
 from seed.presets import preset
+
+if TYPE_CHECKING:  # imported late: --help and --print_config stay fast
+    from seed.transport import TransportSecurity
 
 
 def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
@@ -64,17 +67,16 @@ def validate(config: LearnerConfig) -> None:
             raise ValueError(f"--{name}: got {value!r}, expected cpu or cuda:N")
 
 
-def install_transport_security(config: LearnerConfig) -> None:
-    """Builds the transport security from the flags, checks the listen addresses against it and installs it as
-    the default of seed.transport.start_grpc_server; the token is then blanked in `config`, so it never reaches
-    --print_config, logs or the checkpoint."""
+def transport_security(config: LearnerConfig) -> TransportSecurity:
+    """The transport security from the flags, checked against the listen addresses; the token is then blanked
+    in `config`, so it never reaches --print_config, logs or the checkpoint (the Learner gets the security)."""
     from seed import transport
 
     security = transport.TransportSecurity.from_config(config, read_files=not config.print_config)
     transport.check_listen_security(transport.listen_addresses(config.server_address), security)
-    transport.set_default_security(security)
     if config.auth_token:
         config.auth_token = transport.REDACTED
+    return security
 
 
 def main(argv: list[str]) -> None:
@@ -86,7 +88,7 @@ def main(argv: list[str]) -> None:
         print(f"seed-learner: {error}", file=sys.stderr)
         sys.exit(2)
     try:
-        install_transport_security(config)
+        security = transport_security(config)
     except ValueError as error:
         print(f"seed-learner: {error}", file=sys.stderr)
         sys.exit(2)
@@ -99,7 +101,7 @@ def main(argv: list[str]) -> None:
 
     from seed.learner import Learner, install_signal_handlers
 
-    learner = Learner(config)
+    learner = Learner(config, security=security)
     install_signal_handlers(learner)
     learner.run()
 

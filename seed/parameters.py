@@ -4,7 +4,9 @@ The training thread `publish`es a snapshot into a staging copy on the inference 
 the inference thread `refresh`es between batches, copying staging into its network in place (so CUDA graphs
 that read the network's tensors stay valid). On GPUs both copies are ordered with CUDA events instead of
 synchronisation: the inference stream waits for the staged copy, and the next publish waits until inference
-has finished reading staging. Neither thread ever waits for the other's kernels on the host.
+has finished reading staging. Neither thread ever waits for the other's kernels on the host. Both take a short
+lock around their copy; on the CPU the copy itself runs under it, so there a publish and a refresh do wait for
+each other's copy of the parameters.
 """
 
 from __future__ import annotations

@@ -16,20 +16,8 @@ from typing import Any
 
 import torch
 
-from seed.state_table import State, StateTable
-
-
-@dataclasses.dataclass
-class PolicyInputs:
-    """One batch on the host: observation [B, *obs], env_ids int64 [B], prev_action int64 [B], reward
-    float32 [B], done bool [B]."""
-
-    observation: torch.Tensor
-    env_ids: torch.Tensor
-    prev_action: torch.Tensor
-    reward: torch.Tensor
-    done: torch.Tensor
-
+from seed.contracts import InferenceBatch, State
+from seed.state_table import StateTable
 
 PolicyResult = tuple[torch.Tensor, dict[str, torch.Tensor], State]
 """(actions int64 [B] on the host, outputs {name: [B, ...]} on the host, state before the step [B, ...] on the
@@ -53,14 +41,11 @@ class _HostResults:
         return buffer[:len(value)].copy_(value, non_blocking=True)
 
 
-def _run_act(agent: Any, network: torch.nn.Module, table: StateTable, inputs: PolicyInputs
+def _run_act(agent: Any, network: torch.nn.Module, table: StateTable, batch: InferenceBatch
              ) -> tuple[torch.Tensor, dict[str, torch.Tensor], State]:
-    from seed.inference import InferenceBatch
-
-    state = table.gather(inputs.env_ids)
-    batch = InferenceBatch(inputs.env_ids, inputs.observation, inputs.reward, inputs.done, inputs.prev_action)
+    state = table.gather(batch.env_ids)
     out = agent.act(network, batch, state)
-    table.scatter(inputs.env_ids, out.state)
+    table.scatter(batch.env_ids, out.state)
     return out.action, out.outputs, state
 
 
@@ -69,10 +54,9 @@ class EagerPolicy:
         self.agent, self.network, self.table, self.device = agent, network, table, device
         self._results = _HostResults(table.num_envs + 1, device.type == "cuda")
 
-    def __call__(self, inputs: PolicyInputs) -> PolicyResult:
+    def __call__(self, inputs: InferenceBatch) -> PolicyResult:
         cuda = self.device.type == "cuda"
-        fields = (inputs.observation, inputs.env_ids, inputs.prev_action, inputs.reward, inputs.done)
-        on_device = PolicyInputs(*(t.to(self.device, non_blocking=True) for t in fields)) if cuda else inputs
+        on_device = inputs.to(self.device, non_blocking=True) if cuda else inputs
         with torch.no_grad():
             action, outputs, state = _run_act(self.agent, self.network, self.table, on_device)
         action = self._results.copy("action", action)
@@ -85,7 +69,7 @@ class EagerPolicy:
 @dataclasses.dataclass
 class _Captured:
     graph: torch.cuda.CUDAGraph
-    inputs: PolicyInputs  # static device buffers [rows, ...]
+    inputs: InferenceBatch  # static device buffers [rows, ...]
     action: torch.Tensor
     outputs: dict[str, torch.Tensor]
     state: State
@@ -108,9 +92,9 @@ class GraphedPolicy:
         actors = -(-rows // self.k)
         return min(1 << (actors - 1).bit_length(), self.num_actors) * self.k
 
-    def _capture(self, rows: int, like: PolicyInputs) -> _Captured:
+    def _capture(self, rows: int, like: InferenceBatch) -> _Captured:
         device = self.device
-        static = PolicyInputs(
+        static = InferenceBatch(
             observation=torch.zeros((rows, *like.observation.shape[1:]), dtype=like.observation.dtype, device=device),
             env_ids=torch.full((rows,), self.table.scratch_row, dtype=torch.int64, device=device),
             prev_action=torch.zeros(rows, dtype=torch.int64, device=device),
@@ -128,7 +112,7 @@ class GraphedPolicy:
         self._pool = graph.pool()
         return _Captured(graph, static, action, outputs, state)
 
-    def __call__(self, inputs: PolicyInputs) -> PolicyResult:
+    def __call__(self, inputs: InferenceBatch) -> PolicyResult:
         rows = len(inputs.env_ids)
         padded = self.padded_rows(rows)
         captured = self.graphs.get(padded)

@@ -15,7 +15,7 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-State = dict[str, torch.Tensor]
+from seed.contracts import State
 
 
 class StateTable:

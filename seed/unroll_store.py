@@ -18,9 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from seed.contracts import State
 from seed.unroll import Unroll
-
-State = dict[str, torch.Tensor]
 
 
 class UnrollStore:

@@ -1,7 +1,9 @@
 """Encoding between numpy arrays and the wire protocol's messages (protos/seed.proto).
 
-Tensors travel as raw bytes plus dtype and shape. Decoding is zero-copy: the returned arrays are
-read-only views on the message's bytes.
+Tensors travel as raw bytes plus dtype and shape. Decoding reads a tensor's `data` field once: under the
+upb protobuf runtime that read is itself a copy of the payload into a Python bytes object; the returned array
+is a read-only view of that copy (no second copy). Bool tensors are checked to hold only bytes 0 and 1: NumPy
+would take any other byte as True, yet pass it on unchanged into the step slab and the unroll store.
 """
 
 from __future__ import annotations
@@ -27,15 +29,22 @@ def encode_tensor(array: np.ndarray) -> seed_pb2.Tensor:
 
 
 def decode_tensor(tensor: seed_pb2.Tensor, field: str, dtype: str, shape: tuple[int, ...]) -> np.ndarray:
-    """Returns a read-only view of `tensor`, checked against the expected dtype and shape."""
+    """Returns `tensor` as a read-only array, checked against the expected dtype, shape and (bool) values."""
     if tensor.dtype != dtype:
         raise WireError(f"{field}.dtype: got {tensor.dtype!r}, expected {dtype!r}")
     if tuple(tensor.shape) != tuple(shape):
         raise WireError(f"{field}.shape: got {list(tensor.shape)}, expected {list(shape)}")
     expected_bytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if len(tensor.data) != expected_bytes:
-        raise WireError(f"{field}.data: got {len(tensor.data)} bytes, expected {expected_bytes}")
-    return np.frombuffer(tensor.data, dtype=dtype).reshape(shape)
+    data = tensor.data  # one read: each access copies the payload (upb)
+    if len(data) != expected_bytes:
+        raise WireError(f"{field}.data: got {len(data)} bytes, expected {expected_bytes}")
+    if dtype == "bool":
+        raw = np.frombuffer(data, dtype=np.uint8)
+        bad = np.flatnonzero(raw > 1)
+        if len(bad):
+            raise WireError(f"{field}.data: got byte value {raw[bad[0]]} at index {bad[0]} ({len(bad)} such bytes), "
+                            "expected 0 or 1 for dtype 'bool'")
+    return np.frombuffer(data, dtype=dtype).reshape(shape)
 
 
 def spec_to_proto(spec: EnvSpec) -> seed_pb2.EnvSpec:

@@ -37,7 +37,8 @@ def exact_float32():
 
 
 def test_graphed_inference_matches_eager_actions_and_state():
-    from seed.policy import EagerPolicy, GraphedPolicy, PolicyInputs
+    from seed.contracts import InferenceBatch
+    from seed.policy import EagerPolicy, GraphedPolicy
     from seed.state_table import StateTable
 
     device = torch.device("cuda:0")
@@ -52,7 +53,7 @@ def test_graphed_inference_matches_eager_actions_and_state():
         actors = rng.choice(config.num_actors, size=rng.integers(1, config.num_actors + 1), replace=False)
         env_ids = (actors[:, None] * config.envs_per_actor + np.arange(config.envs_per_actor)).reshape(-1)
         b = len(env_ids)
-        inputs = PolicyInputs(
+        inputs = InferenceBatch(
             observation=torch.from_numpy(rng.integers(0, 256, (b, *spec.observation_shape), dtype=np.uint8)),
             env_ids=torch.from_numpy(env_ids), prev_action=torch.from_numpy(rng.integers(0, spec.num_actions, b)),
             reward=torch.from_numpy(rng.normal(size=b).astype(np.float32)),

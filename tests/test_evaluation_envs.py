@@ -11,7 +11,7 @@ import torch
 
 from seed.agents import agent_module
 from seed.envs import make_spec
-from seed.inference import InferenceBatch
+from seed.contracts import InferenceBatch
 from seed.learner import Learner
 from seed.learner_main import resolve_config
 from seed.metrics import LearnerMetrics

@@ -102,7 +102,8 @@ def test_fuzzer_gets_clear_errors_while_honest_actors_keep_their_fps(processes, 
     categories = report["categories"]
     assert {"handshake.actor_index", "handshake.num_envs", "handshake.spec", "order.step_before_handshake",
             "order.empty_message", "order.second_handshake", "step.observation.shape", "step.observation.dtype",
-            "step.observation.data", "step.reward.nonfinite", "protobuf.garbage", "oversize",
+            "step.observation.data", "step.reward.nonfinite", "step.done.bytes", "step.truncated.bytes",
+            "protobuf.garbage", "oversize",
             "duplicate_actor_index", "handshake_deadline"} <= set(categories), where
     for name, entry in categories.items():
         assert entry["unexpected_count"] == 0, (name, entry)

@@ -114,3 +114,17 @@ def test_malformed_step_fails_that_actor_only(learner, observation, reward, expe
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+@pytest.mark.parametrize("field", ["done", "truncated"])
+def test_bool_tensor_with_a_byte_other_than_0_or_1_is_rejected(learner, field):
+    """NumPy reads byte 2 as True, but it is no bool the actor could have sent: the stream ends with
+    INVALID_ARGUMENT naming the field, the byte and what is expected, and nothing is served."""
+    server, address = learner
+    message = _step(np.zeros((4, 8), np.float32))
+    getattr(message.step, field).data = bytes([0, 2, 1, 0])
+    error = _error_of(address, [_handshake(actor_index=2), message])
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"step.{field}.data: got byte value 2 at index 1" in error.details()
+    assert "expected 0 or 1 for dtype 'bool'" in error.details()
+    assert int(server.slab.request_seq[2]) == 0  # never written into the slab

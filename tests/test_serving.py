@@ -1,6 +1,7 @@
 """The serving path without actors: the step slab, request batching over real pipes, batch assembly in central
 inference (rows of several actors, a replaced actor, a failing batch) and the slab service over real gRPC."""
 
+import contextlib
 import os
 import threading
 import time
@@ -19,7 +20,7 @@ from seed.serving import notify
 from seed.serving.service import SlabService
 from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
 from seed.transport import start_grpc_server
-from tests.conftest import serve_steps
+from tests.conftest import serve_steps, wait_for
 
 K = 4
 
@@ -62,6 +63,22 @@ def test_slab_layout_is_shared_between_mappings(slab):
     other.action[K:2 * K] = [3, 2, 1, 0]
     assert slab.action[K:2 * K].tolist() == [3, 2, 1, 0]
     other.close()
+
+
+def test_slot_is_marked_while_its_rows_are_written(slab):
+    """request_seq is negative from before the first row is written until the request is published, so a reader
+    that copied rows meanwhile sees that its slot changed."""
+    seen = []
+
+    class Watched(np.ndarray):
+        def __setitem__(self, index, value):
+            seen.append(int(slab.request_seq[1]))
+            super().__setitem__(index, value)
+
+    slab.observation = slab.observation.view(Watched)
+    seq = slab.write_request(1, 7, *_step(1)[2:])
+    assert seen == [-seq] and int(slab.request_seq[1]) == seq == 1
+    assert slab.write_request(1, 7, *_step(1)[2:]) == 2 and seen == [-1, -2]
 
 
 def test_batcher_takes_a_full_batch_without_waiting_for_the_timeout(slab):
@@ -160,11 +177,80 @@ def test_failing_batch_fails_its_requests_and_the_next_batch_works(learner):
     assert all(status == REPLY_OK for status, _ in replies.values())
 
 
-class _FakeInference:
-    """Stands in for the learner's inference thread: answers every notified slot with action = actor index."""
+@pytest.mark.parametrize("in_progress", [False, True])
+def test_slot_rewritten_while_inference_reads_it_is_dropped(learner, in_progress):
+    """A new serving process writes a new run into actor 0's slot between inference's check of the request and
+    its copy of the rows (or is half-way through that write): the copy is dropped, never recorded as a step of
+    either run nor answered, and the new run's own request is then served as its first step."""
+    inference, slab = learner.inference, learner.slab
+    for _ in range(2):
+        serve_steps(inference, [_step(0, observation=np.full((K, 8), 1.0, np.float32))])
+    old_seq = slab.write_request(0, 1, *_step(0, observation=np.full((K, 8), 1.0, np.float32))[2:])
+    gather = inference._gather
 
-    def __init__(self, slab, request_fd, reply):
-        self.slab, self.served = slab, []
+    def new_run_writes_meanwhile(actors, env_ids):
+        slab.live_run[0] = 2  # the new serving process's handshake
+        if in_progress:  # a writer between its mark and its publish
+            slab.request_seq[0] = -(old_seq + 1)
+            slab.observation[:K // 2] = 9.0
+        else:
+            slab.write_request(0, 2, *_step(0, run_id=2, reward=5.0, observation=np.full((K, 8), 2.0, np.float32))[2:])
+        inference._gather = gather
+        return gather(actors, env_ids)
+
+    inference._gather = new_run_writes_meanwhile
+    learner.replies.clear()
+    inference.run_batch(np.array([0]), np.array([old_seq]))
+    assert learner.replies == [] and int(slab.reply_seq[0]) == old_seq - 1  # dropped, not answered
+    assert inference.actor_run.tolist() == [1, 0, 0]
+    assert (inference.unroll_store.write_index[:K] == 2).all()  # nothing recorded
+    assert (inference.unroll_store.steps["observation"][:K, :2] == 1.0).all()
+    if in_progress:
+        slab.write_request(0, 2, *_step(0, run_id=2, reward=5.0, observation=np.full((K, 8), 2.0, np.float32))[2:])
+    inference.run_batch(np.array([0]), np.array([int(slab.request_seq[0])]))  # the new run's own notification
+    assert int(slab.reply_status[0]) == REPLY_OK and int(slab.reply_seq[0]) == int(slab.request_seq[0]) > old_seq
+    assert inference.actor_run.tolist() == [2, 0, 0]
+    store = inference.unroll_store
+    assert (store.write_index[:K] == 1).all()  # the new run's first step, on fresh rows
+    assert (store.steps["observation"][:K, 0] == 2.0).all()
+    assert store.steps["done"][:K, 0].all() and (store.steps["reward"][:K, 0] == 0).all()
+
+
+def test_unroll_store_failure_leaves_no_unroll_across_the_missing_step(learner):
+    """The unroll store raises once after the actors were answered: the step is missing, so the actor's next
+    step starts over (done, reward 0, zero state) and no emitted unroll spans the hole."""
+    inference = learner.inference
+    append = inference.unroll_store.append
+    failures = []
+
+    def fails_at_step_2(env_ids, step, state_before):
+        if (step["observation"][:, 0] == 2.0).all() and not failures:
+            failures.append(1)
+            raise MemoryError("unroll store full")
+        return append(env_ids, step, state_before)
+
+    inference.unroll_store.append = fails_at_step_2
+    for t in range(9):
+        observation = np.full((K, 8), float(t), np.float32)
+        with contextlib.suppress(MemoryError):  # the code before this fix raised it out of run_batch
+            replies = serve_steps(inference, [_step(0, reward=float(t), observation=observation)])
+        assert replies[0][0] == REPLY_OK
+    assert failures and learner.unrolls
+    for unroll in learner.unrolls:
+        steps = unroll.observation[:, 0][unroll.valid].tolist()
+        assert steps == list(np.arange(steps[0], steps[0] + len(steps))), f"an unroll across the hole: {steps}"
+    after = [u for u in learner.unrolls if u.observation[0, 0] >= 3]
+    assert after[0].observation[:, 0].tolist() == [3.0, 4.0, 5.0]
+    assert after[0].done[0] and after[0].reward[0] == 0 and not after[0].done[1:].any()
+    assert all(v.abs().sum() == 0 for v in after[0].initial_state.values())
+
+
+class _FakeInference:
+    """Stands in for the learner's inference thread: answers every notified slot with action = actor index
+    (`wake=False`: writes the reply into the slab but never notifies the serving side)."""
+
+    def __init__(self, slab, request_fd, reply, wake=True):
+        self.slab, self.served, self.wake = slab, [], wake
         self.batcher = notify.RequestBatcher(request_fd, slab, 1, 0.0)
         self.reply = reply
         self.stop = threading.Event()
@@ -181,7 +267,8 @@ class _FakeInference:
                 self.slab.action[self.slab.rows(actor)] = actor
                 self.slab.reply_status[actor] = REPLY_OK
                 self.slab.reply_seq[actor] = seq
-            self.reply(batch[0])
+            if self.wake:
+                self.reply(batch[0])
 
 
 def test_malformed_request_is_rejected_without_touching_the_slab(slab, tmp_path):
@@ -221,6 +308,106 @@ def test_malformed_request_is_rejected_without_touching_the_slab(slab, tmp_path)
         stop.set()
         fake.stop.set()
         fake.thread.join(timeout=5)
+        server.stop(0)
+        os.close(request_read), os.close(request_write)
+
+
+def _handshake(spec, actor, run_id):
+    return seed_pb2.ActorMessage(handshake=seed_pb2.Handshake(actor_index=actor, run_id=run_id, num_envs=K,
+                                                               spec=wire.spec_to_proto(spec)))
+
+
+def _step_message(observation):
+    return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
+        observation=wire.encode_tensor(observation), reward=wire.encode_tensor(np.ones(K, np.float32)),
+        done=wire.encode_tensor(np.zeros(K, bool)), truncated=wire.encode_tensor(np.zeros(K, bool))))
+
+
+def _stream_in_thread(address, messages):
+    """Runs one Stream call on its own thread; returns (replies list, errors list, thread)."""
+    replies, errors = [], []
+
+    def run():
+        try:
+            with grpc.insecure_channel(address) as channel:
+                for reply in seed_pb2_grpc.LearnerStub(channel).Stream(iter(messages), timeout=30):
+                    replies.append(reply)
+        except grpc.RpcError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return replies, errors, thread
+
+
+def test_reply_is_read_only_after_its_wake_up(slab, tmp_path):
+    """The stream trusts the slab's reply only after the reply reader woke it (the pipe read that orders
+    inference's slab writes before the stream's reads on weakly ordered CPUs), never by polling reply_seq on a
+    timeout: a reply written into the slab without a wake-up is not returned; the wake-up releases it at once.
+    (On x86 a CPU test cannot show a reordering; it shows which path the stream takes.)"""
+    spec = make_spec("fake:vector")
+    request_read, request_write = os.pipe()
+    stop = threading.Event()
+    service = SlabService(spec, slab, [request_write], lambda returns: None, stop)
+    fake = _FakeInference(slab, request_read, service.wake, wake=False)
+    server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
+    try:
+        replies, errors, thread = _stream_in_thread(
+            address, [_handshake(spec, 2, 5), _step_message(np.full((K, 8), 7.0, np.float32))])
+        wait_for(lambda: int(slab.reply_seq[2]) == 1, 10, "the reply in the slab")
+        time.sleep(1.6)  # three of the stream's 0.5 s wait timeouts
+        assert len(replies) == 1 and not errors  # the handshake reply only
+        service.wake(np.array([2]))
+        thread.join(timeout=10)
+        assert len(replies) == 2 and not errors
+        assert wire.decode_tensor(replies[1].actions.action, "a", "int32", (K,)).tolist() == [2] * K
+    finally:
+        stop.set()
+        fake.stop.set()
+        fake.thread.join(timeout=5)
+        server.stop(0)
+        os.close(request_read), os.close(request_write)
+
+
+@pytest.mark.parametrize("notified", [True, False])
+def test_new_serving_process_waits_for_the_request_its_predecessor_left(learner, tmp_path, notified):
+    """The serving process died with actor 1's request in its slot (notified, or not yet). The new serving
+    process's first write for that actor waits until inference answered the old request (stale: a new run
+    handshook), so inference never reads rows being overwritten; the new run's step is then its first step."""
+    slab, inference = learner.slab, learner.inference
+    for _ in range(2):
+        serve_steps(inference, [_step(1, observation=np.full((K, 8), 1.0, np.float32))])
+    request_read, request_write = os.pipe()
+    old_seq = slab.write_request(1, 1, *_step(1, observation=np.full((K, 8), 11.0, np.float32))[2:])
+    if notified:
+        notify.send_request(request_write, 1, old_seq)
+    stop = threading.Event()
+    service = SlabService(learner.spec, slab, [request_write], lambda returns: None, stop)  # the new process
+    inference.reply = service.wake
+    server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
+    batcher = notify.RequestBatcher(request_read, slab, batch_rows=1, timeout_s=0.0)
+    try:
+        replies, errors, thread = _stream_in_thread(
+            address, [_handshake(learner.spec, 1, 2), _step_message(np.full((K, 8), 22.0, np.float32))])
+        wait_for(lambda: int(slab.live_run[1]) == 2, 10, "the new run's handshake")
+        time.sleep(1.0)
+        # The old request is still in the slot, unanswered: nothing overwrote it.
+        assert int(slab.request_seq[1]) == old_seq and (slab.observation[K:2 * K] == 11.0).all()
+        statuses = {}
+        while thread.is_alive():
+            batch = batcher.next_batch(0.1)
+            if batch is not None:
+                inference.run_batch(*batch)
+                statuses.update({int(s): int(slab.reply_status[1]) for s in batch[1] if int(slab.reply_seq[1]) == s})
+        assert not errors and len(replies) == 2
+        assert statuses == {old_seq: REPLY_STALE, old_seq + 1: REPLY_OK}
+        store = inference.unroll_store
+        assert inference.actor_run.tolist() == [0, 2, 0] and (store.write_index[K:2 * K] == 1).all()
+        assert (store.steps["observation"][K:2 * K, 0] == 22.0).all() and store.steps["done"][K:2 * K, 0].all()
+        np.testing.assert_array_equal(inference.prev_action[K:2 * K],
+                                      wire.decode_tensor(replies[1].actions.action, "a", "int32", (K,)))
+    finally:
+        stop.set()
         server.stop(0)
         os.close(request_read), os.close(request_write)
 

@@ -29,8 +29,7 @@ def _start_learner(tmp_path, address: str, security: transport.TransportSecurity
     config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path / "run"), server_address=address,
                                  num_actors=2, envs_per_actor=4, batch_size=4, unroll_length=5, log_interval_s=0.5,
                                  total_environment_frames=1e12, torch_threads=1))
-    transport.set_default_security(security)  # what learner_main installs from the flags
-    learner = Learner(config)
+    learner = Learner(config, security=security)  # what learner_main builds from the flags
     thread = threading.Thread(target=learner.run, daemon=True)
     thread.start()
     wait_for(lambda: learner.bound_addresses, 30, "the learner to listen")
@@ -45,7 +44,6 @@ def secured_learner(tmp_path, request):
     yield address, security
     learner.request_stop()
     thread.join(timeout=30)
-    transport.set_default_security(transport.TransportSecurity())
 
 
 def _handshake(actor_index=0):
@@ -132,6 +130,19 @@ def test_tls_flags_must_come_together(tmp_path):
     Flags.tls_key, Flags.auth_token, Flags.auth_token_file = pki.server_key, "x", str(tmp_path / "t")
     with pytest.raises(transport.TransportConfigError, match="--auth_token and --auth_token_file: got both"):
         transport.TransportSecurity.from_config(Flags)
+
+
+def test_security_is_passed_in_not_read_from_a_process_default():
+    """learner_main hands the security it built to the Learner and blanks the token in the config; a config whose
+    token was blanked names the problem instead of silently yielding some process-wide default."""
+    from seed.learner_main import transport_security
+
+    config = resolve_config(dict(env="fake:vector", auth_token=TOKEN, server_address="127.0.0.1:1"))
+    security = transport_security(config)
+    assert security.auth_token == TOKEN and config.auth_token == transport.REDACTED
+    with pytest.raises(transport.TransportConfigError, match="auth_token: got '<redacted>'"):
+        transport.TransportSecurity.from_config(config)
+    assert not hasattr(transport, "set_default_security") and not hasattr(transport, "default_security")
 
 
 def test_learner_binds_loopback_by_default_and_refuses_open_interfaces(tmp_path):

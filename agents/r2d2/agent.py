@@ -11,7 +11,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from seed.agents.networks import AgentBody, State, glorot_uniform_
+from seed.agents.networks import AgentBody, glorot_uniform_, resolve_network
 from seed.agents.r2d2.r2d2 import (
     epsilon_schedule,
     inverse_value_rescale,
@@ -19,10 +19,9 @@ from seed.agents.r2d2.r2d2 import (
     sequence_priorities,
     value_rescale,
 )
-from seed.agents.vtrace.agent import resolve_network
 from seed.config import LearnerConfig
+from seed.contracts import ActOutput, InferenceBatch, State
 from seed.envs.base import EnvSpec
-from seed.inference import ActOutput, InferenceBatch
 from seed.unroll import LossOutput, TrainingBatch, Unroll
 
 # Paper Table 8 (SEED R2D2 on Atari-57), plus the network of appendix A.3.1.

@@ -8,11 +8,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from seed.agents.networks import AgentBody, State
+from seed.agents.networks import AgentBody, resolve_network
 from seed.agents.vtrace.vtrace import from_importance_weights
 from seed.config import LearnerConfig
+from seed.contracts import ActOutput, InferenceBatch, State
 from seed.envs.base import EnvSpec
-from seed.inference import ActOutput, InferenceBatch
 from seed.unroll import LossOutput, TrainingBatch
 
 
@@ -36,12 +36,6 @@ def default_config(env_family: str) -> dict[str, Any]:
     if env_family == "fake":
         return dict(unroll_length=20, batch_size=16, use_lstm=False)
     return {}
-
-
-def resolve_network(spec: EnvSpec, requested: str, image_default: str) -> str:
-    if requested != "auto":
-        return requested
-    return "mlp" if len(spec.observation_shape) == 1 else image_default
 
 
 def _sample(logits: torch.Tensor) -> torch.Tensor:

@@ -40,10 +40,10 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from seed.actor_stats import ActorStats
 from seed.agents import agent_module
 from seed.config import EnvOptions, LearnerConfig, define_flags, explicit_flags
+from seed.contracts import InferenceBatch
 from seed.envs import make_batch, make_spec
 from seed.envs.base import EnvSpec
 from seed.experience import Prefetcher, UnrollQueue
-from seed.inference import InferenceBatch
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
 

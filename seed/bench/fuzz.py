@@ -9,6 +9,7 @@ expected status code whose details name the field, the value received and the va
   step.observation.shape / .dtype / .data                      wrong and huge shapes (negative dims, 2^62),
                                                                unknown dtypes, byte counts that disagree
   step.reward.nonfinite, step.reward / done / truncated         NaN/inf rewards, wrong tensors
+  step.done.bytes / step.truncated.bytes                       bool tensors with bytes other than 0 and 1
   protobuf.garbage                                             bytes that do not parse as an ActorMessage
   oversize                                                     a message beyond the learner's receive limit
   duplicate_actor_index                                        a second stream claims a live actor index:
@@ -233,6 +234,17 @@ class Generator:
             expected = [f"step.{field}.dtype: got ''", f"expected {dtype!r}"]
         return Case(f"step.{field}", [self.handshake()], self.step(**{field: value}), INVALID, expected)
 
+    def bool_bytes(self) -> Case:
+        """A bool tensor of the right dtype, shape and size whose bytes are not all 0 or 1 (NumPy reads them as
+        True; the learner must refuse them rather than store them)."""
+        field = self.rng.choice(["done", "truncated"])
+        raw = self.np_rng.integers(0, 2, self.k, dtype=np.uint8)
+        index = self.rng.randrange(self.k)
+        raw[index] = self.rng.choice([2, 3, 127, 128, 255])
+        return Case(f"step.{field}.bytes", [self.handshake()],
+                    self.step(**{field: tensor(np.zeros(self.k, bool), data=raw.tobytes())}), INVALID,
+                    [f"step.{field}.data: got byte value {raw[index]} at index {index}", "expected 0 or 1"])
+
     def garbage(self) -> Case:
         # Field 1 (handshake), length-delimited, with a length beyond the end: never parses.
         body = self.np_rng.bytes(self.rng.randint(0, 2000))
@@ -267,7 +279,7 @@ class Generator:
         return [(self.handshake_actor_index, 1), (self.handshake_num_envs, 1), (self.handshake_spec, 1.5),
                 (self.step_before_handshake, 0.5), (self.empty_message, 0.5), (self.second_handshake, 0.7),
                 (self.observation_shape, 1.5), (self.observation_dtype, 1), (self.observation_data, 1.5),
-                (self.reward_nonfinite, 1), (self.small_tensor, 1.5), (self.garbage, 1)]
+                (self.reward_nonfinite, 1), (self.small_tensor, 1.5), (self.bool_bytes, 1), (self.garbage, 1)]
 
 
 # ------------------------------------------------------------------------------------------------ client

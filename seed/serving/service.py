@@ -1,9 +1,10 @@
 """The learner's gRPC service, run in the serving process: one bidirectional stream per actor.
 
 Each stream runs on its own server thread: it validates the handshake, then for every step message decodes
-and checks the tensors (zero-copy views), copies them into the actor's rows of the step slab, notifies the
-actor's inference device and waits for the reply in the slab. All of this happens outside the learner
-process, so decoding never competes with inference or training for the learner's GIL.
+and checks the tensors (seed/wire.py: one copy of each payload out of the message), copies them into the
+actor's rows of the step slab, notifies the actor's inference device and waits for the reply in the slab. All
+of this happens outside the learner process, so decoding never competes with inference or training for the
+learner's GIL.
 
 A malformed message ends only that actor's stream (INVALID_ARGUMENT naming the field, the value received
 and the value expected); a request of a replaced actor run ends with ABORTED; the other actors never notice.
@@ -120,18 +121,23 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
                ) -> np.ndarray:
         """Hands one step to inference through the slab and waits for its actions (int32 [K])."""
         slot, slab = self.slots[actor], self.slab
+        request_fd = self.request_fds[actor % len(self.request_fds)]
         with slot.lock:
             if int(slab.live_run[actor]) != run_id:
                 context.abort(grpc.StatusCode.ABORTED, self._replaced(actor, run_id))
+            left = slab.unanswered(actor)
+            if left is not None:
+                # A serving process before this one wrote this request and died waiting for its reply (our own
+                # requests are always answered before the lock is released). Inference may be reading its rows
+                # right now, so the slot is ours only once it is answered. It may never have been notified:
+                # notify it again (inference answers it, stale since our handshake, or re-wakes it if it did).
+                slot.replied.clear()
+                notify.send_request(request_fd, actor, left)
+                self._await_reply(actor, left, context)
             slot.replied.clear()
             seq = slab.write_request(actor, run_id, *arrays)
-            notify.send_request(self.request_fds[actor % len(self.request_fds)], actor, seq)
-            # A wake-up may belong to an earlier request; only the reply's sequence number says it is ours.
-            while not slab.answered(actor, seq):
-                if slot.replied.wait(0.5):
-                    slot.replied.clear()
-                elif self.stop.is_set():
-                    context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
+            notify.send_request(request_fd, actor, seq)
+            self._await_reply(actor, seq, context)
             status = int(slab.reply_status[actor])
             actions = slab.action[slab.rows(actor)].copy()
         if status == REPLY_STALE:
@@ -139,6 +145,25 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         if status != REPLY_OK:
             context.abort(grpc.StatusCode.INTERNAL, "inference failed for this batch; reconnect")
         return actions
+
+    def _await_reply(self, actor: int, seq: int, context: grpc.ServicerContext) -> None:
+        """Returns once the slot's reply answers request `seq`; UNAVAILABLE if the process stops first.
+
+        The slab's reply is read only after a wake-up, never on a timeout: a wake-up means the reply reader has
+        read this actor's index from the reply pipe, and that pipe read (paired with inference's pipe write,
+        through the Event's lock to this thread) is what orders inference's slab writes (actions, status,
+        reply_seq) before our reads of them. Polled without it, a weakly ordered CPU (aarch64) may show the new
+        reply_seq before the actions it guards; x86 shows stores in order, which is why polling seemed to work.
+        A wake-up may belong to an earlier request; only the reply's sequence number says it is ours.
+        """
+        slot = self.slots[actor]
+        while True:
+            if slot.replied.wait(0.5):
+                slot.replied.clear()
+                if self.slab.answered(actor, seq):
+                    return
+            elif self.stop.is_set():
+                context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
 
     def _replaced(self, actor: int, run_id: int) -> str:
         return (f"actor {actor}: actor_index {actor} run 0x{run_id:x} was replaced by a newer handshake "

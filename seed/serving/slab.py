@@ -15,15 +15,23 @@ Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
   truncated      bool [N]
   action         int32 [N]          written by inference, read by the serving process for the reply
   request_run    int64 [A]          run id of the actor run whose step is in the slot
-  request_seq    int64 [A]          increments with every request of the slot
+  request_seq    int64 [A]          increments with every request of the slot; negative while one is written
   arrival_s      float64 [A]        time.monotonic() when the request arrived (system-wide clock)
   live_run       int64 [A]          run id registered by the actor's latest handshake (0 = none yet)
   reply_seq      int64 [A]          request_seq of the request the slot's current reply answers
   reply_status   int8 [A]           REPLY_OK, REPLY_STALE or REPLY_FAILED
 
-Protocol per request (serving side): write the rows and request_* fields, then notify inference through a
-pipe (a syscall: the writes are visible to the reader after it). Inference writes `action`, `reply_status`
-and `reply_seq` before notifying back the same way.
+Protocol per request (serving side): mark the slot as being written (request_seq = -new seq), write the rows,
+request_run and arrival_s, publish the new request_seq, then notify inference through a pipe (a syscall: the
+writes are visible to the reader after it). Inference writes `action`, `reply_status` and `reply_seq` before
+notifying back the same way, and the serving side reads a reply only after that notification reached it.
+
+One request in flight per slot: a slot is free once `reply_seq == request_seq`, and only a free slot is written.
+The serving process's per-actor lock keeps this among its own streams; a new serving process (the old one died)
+finds the request its predecessor left unanswered with `unanswered`, notifies it again and waits for its
+answer before it writes, so inference never reads rows that a writer is changing. Inference reads a slot like
+a seqlock all the same: request_seq and request_run before the rows, and again after; a slot that changed in
+between is dropped (its new request has its own notification).
 """
 
 from __future__ import annotations
@@ -127,18 +135,25 @@ class StepSlab:
         The caller holds the actor's slot (one request in flight per actor) and notifies inference after.
         """
         rows = self.rows(actor)
+        seq = abs(int(self.request_seq[actor])) + 1
+        self.request_seq[actor] = -seq  # being written: a reader that sees this (or seq) drops what it read
         self.observation[rows] = observation
         self.reward[rows] = reward
         self.done[rows] = done
         self.truncated[rows] = truncated
         self.request_run[actor] = run_id
         self.arrival_s[actor] = time.monotonic()
-        seq = int(self.request_seq[actor]) + 1
         self.request_seq[actor] = seq
         return seq
 
     def answered(self, actor: int, seq: int) -> bool:
         return int(self.reply_seq[actor]) == seq
+
+    def unanswered(self, actor: int) -> int | None:
+        """The sequence number of the slot's published request if it has no reply yet, else None (the slot is
+        free; a negative request_seq is a write that never finished, so never notified, so never read)."""
+        seq = int(self.request_seq[actor])
+        return seq if seq > 0 and int(self.reply_seq[actor]) != seq else None
 
     def close(self) -> None:
         for name, _, _ in self.layout.fields():
