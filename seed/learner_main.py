@@ -46,6 +46,7 @@ def validate(config: LearnerConfig) -> None:
         ("discounting", 0.0 <= config.discounting <= 1.0, "in [0, 1]"),
         ("learning_rate", config.learning_rate > 0, "> 0"),
         ("network_width", config.network_width >= 1, ">= 1"),
+        ("keep_checkpoints", config.keep_checkpoints >= 1, ">= 1"),
     ]
     for name, ok, expected in checks:
         if not ok:
@@ -91,8 +92,13 @@ def main(argv: list[str]) -> None:
     import torch  # noqa: F401  (imported late so --help and --print_config stay fast)
 
     from seed.learner import Learner, install_signal_handlers
+    from seed.replay import ReplayDoesNotFit
 
-    learner = Learner(config)
+    try:
+        learner = Learner(config)
+    except ReplayDoesNotFit as error:
+        print(f"seed-learner: {error}", file=sys.stderr)
+        sys.exit(2)
     install_signal_handlers(learner)
     learner.run()
 
