@@ -13,8 +13,10 @@ What the learner does with a failure (log it, stop, checkpoint where that is saf
 learner's run loop; this module only builds and watches threads.
 
 Fault injection for tests: `sink_fault_from_environment` reads SEED_FAULT_SINK_RAISE_AFTER_S once when the
-learner starts; when it is set, the experience sink raises `InjectedFault` on its first call that many seconds
-later. It exists for the soak test (seed/bench/soak.py) and tests/; never set it in a real run.
+learner starts; when it is set, the experience sink raises `InjectedFault` on its first call at least that many
+seconds after the learner process started (counted from the process start, so a slow start on a loaded machine
+does not move the fault). It exists for the soak test (seed/bench/soak.py) and tests/; never set it in a real
+run.
 """
 
 from __future__ import annotations
@@ -105,7 +107,8 @@ T = TypeVar("T")
 def sink_fault_from_environment(sink: Callable[[T], None], environ: dict[str, str] | None = None
                                 ) -> Callable[[T], None]:
     """`sink`, or, when SEED_FAULT_SINK_RAISE_AFTER_S=<seconds> is set, `sink` wrapped to raise `InjectedFault`
-    on its first call at least that many seconds from now (test-only; see the module docstring)."""
+    on its first call at least that many seconds after this process started (test-only; see the module
+    docstring)."""
     raw = (os.environ if environ is None else environ).get(SINK_FAULT_ENV, "")
     if not raw:
         return sink
@@ -113,12 +116,14 @@ def sink_fault_from_environment(sink: Callable[[T], None], environ: dict[str, st
         after_s = float(raw)
     except ValueError:
         raise ValueError(f"{SINK_FAULT_ENV}: got {raw!r}, expected seconds (a number)") from None
-    due = time.monotonic() + after_s
-    print(f"[learner] test fault: the experience sink raises {after_s:g}s after start ({SINK_FAULT_ENV})",
-          flush=True)
+    import psutil
+
+    due = psutil.Process().create_time() + after_s  # wall clock: what create_time is measured in
+    print(f"[learner] test fault: the experience sink raises {after_s:g}s after the process started "
+          f"({SINK_FAULT_ENV})", flush=True)
 
     def faulty_sink(item: T) -> None:
-        if time.monotonic() >= due:
+        if time.time() >= due:
             raise InjectedFault(f"{SINK_FAULT_ENV}={raw}: injected experience-sink failure")
         sink(item)
 

@@ -52,7 +52,7 @@ def test_soak_three_minutes(tmp_path):
         # learner resumed from the checkpoint it wrote on the way out, and FPS recovered before the next fault.
         sink = run["sink_fault"]
         assert sink["exit_code"] not in (None, 0) and sink["traceback_logged"] and sink["thread_named"], where
-        assert sink["exit_after_death_s"] <= 10, where
+        assert sink["exit_after_death_s"] <= 20, where  # as after SIGTERM: stop, checkpoint, exit
         assert sink["resumed"][1] >= restart["resumed_train_steps"], where
         assert sink["recovery_s"] is not None and sink["recovery_s"] <= KILL_EVERY_S, where
     cartpole = report["runs"]["gym:CartPole-v1"]["return"]

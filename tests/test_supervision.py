@@ -56,9 +56,12 @@ def test_sink_fault_hook_raises_only_after_its_delay():
     calls = []
     sink = calls.append
     assert sink_fault_from_environment(sink, {}) is sink
-    faulty = sink_fault_from_environment(sink, {SINK_FAULT_ENV: "0.3"})
+    import psutil
+
+    age_s = time.time() - psutil.Process().create_time()  # the delay counts from the process start
+    faulty = sink_fault_from_environment(sink, {SINK_FAULT_ENV: f"{age_s + 1.0:.3f}"})
     faulty(1)
-    time.sleep(0.35)
+    time.sleep(1.1)
     with pytest.raises(InjectedFault, match=SINK_FAULT_ENV):
         faulty(2)
     assert calls == [1]
@@ -177,3 +180,39 @@ def test_prefetcher_failure_is_recorded_for_the_watchdog():
     prefetcher.thread.join(5)
     assert watchdog.check().thread == "prefetcher" and "RuntimeError: no unrolls" in watchdog.check().traceback
     assert calls == [0.1]
+
+
+def test_local_launcher_restarts_a_learner_whose_sink_died(tmp_path):
+    """launch/local.sh restarts a learner that exits non-zero; the new one resumes and the actor reconnects."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO, RESUMED
+
+    logdir = str(tmp_path / "run")
+    log_path = tmp_path / "local.log"
+    env = dict(os.environ, PYTHON=sys.executable, PYTHONUNBUFFERED="1", **{SINK_FAULT_ENV: "15"})
+    with open(log_path, "wb") as log:
+        launcher = subprocess.Popen(
+            [os.path.join(REPO, "launch", "local.sh"), f"--logdir={logdir}", "--env=fake:vector", "--num_actors=1",
+             "--envs_per_actor=4", "--batch_size=4", "--unroll_length=10", "--log_interval_s=0.5",
+             "--torch_threads=1", "--checkpoint_interval_s=3600"],
+            stdout=log, stderr=subprocess.STDOUT, cwd=REPO, env=env)
+    output = lambda: log_path.read_text(errors="replace")  # noqa: E731
+    try:
+        wait_for(lambda: "[local] learner exited with 1; restarting it (1/5)" in output(), 120,
+                 "the launcher to restart the learner", on_timeout=output)
+        exited_at, rows_before = time.monotonic(), len(read_metrics(logdir))
+        assert "thread 'experience-sink' died" in output() and "InjectedFault" in output()
+        resumed = wait_for(lambda: RESUMED.search(output()), 60, "the restarted learner to resume", on_timeout=output)
+        frames = int(resumed.group(2).replace(",", ""))
+        assert frames > 0
+        wait_for(lambda: any(r["env_frames"] > frames and r["env_frames_per_sec"] > 0
+                             for r in read_metrics(logdir)[rows_before:]), 60,
+                 "the restarted learner to serve the reconnected actor", on_timeout=output)
+        print(f"recovery under launch/local.sh: {time.monotonic() - exited_at:.1f}s from the exit to new frames")
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        launcher.wait(timeout=60)

@@ -44,7 +44,7 @@ ENV_FLAGS = {  # per env: learner and actor flags light enough for a 2-core mach
     "gym:CartPole-v1": {"torch_threads": 1},
     "fake:atari": {"torch_threads": 1, "network": "nature", "batch_size": 8, "use_lstm": False, "learning_rate": 1e-3},
 }
-SINK_EXIT_BOUND_S = 10.0  # a learner whose sink died must be gone this soon (stop, checkpoint, exit)
+SINK_EXIT_BOUND_S = 20.0  # a learner whose sink died must be gone this soon (stop, checkpoint, exit), as on SIGTERM
 RESUMED = re.compile(r"resumed from .*: env_frames=([\d,]+) train_steps=([\d,]+)")
 
 
@@ -317,7 +317,9 @@ class SoakRun:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if self.learner.returncode != 0:
+        # A learner SIGTERMed while still starting (its handlers not yet installed) was stopped, not crashed.
+        starting = self.learner.returncode == -signal.SIGTERM and "listening on" not in self.learner_output()
+        if self.learner.returncode != 0 and not starting:
             self.learner_crashes.append(f"learner {self.learner_number} exited with {self.learner.returncode} "
                                         "on SIGTERM at the end")
 
