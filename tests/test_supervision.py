@@ -114,7 +114,7 @@ def test_learner_whose_sink_raises_exits_non_zero_with_the_traceback(processes, 
     forever with the actor waiting for an answer."""
     logdir = str(tmp_path / "run")
     address = f"unix:{tmp_path}/learner.sock"
-    monkeypatch.setenv(SINK_FAULT_ENV, "4")
+    monkeypatch.setenv(SINK_FAULT_ENV, "12")
     learner = processes.learner([f"--logdir={logdir}", f"--server_address={address}", "--env=fake:vector",
                                  "--num_actors=1", "--envs_per_actor=4", "--batch_size=4", "--unroll_length=10",
                                  "--log_interval_s=0.5", "--torch_threads=1", "--checkpoint_interval_s=3600"])
