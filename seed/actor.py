@@ -105,13 +105,31 @@ class Actor:
             self.envs.close()
 
     def _wait_for_learner(self, channel: grpc.Channel) -> None:
+        """Waits until the channel connects; says once when a connection attempt failed (no learner there yet,
+        or one that refuses this actor's transport, e.g. plaintext against TLS), so a wrong flag is visible."""
+        failed = threading.Event()
+
+        def on_state(state: grpc.ChannelConnectivity) -> None:
+            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                failed.set()
+
+        channel.subscribe(on_state)
+        reported = False
         backoff = 0.1
-        while not self.stop.is_set():
-            try:
-                grpc.channel_ready_future(channel).result(timeout=backoff)
-                return
-            except grpc.FutureTimeoutError:
-                backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+        try:
+            while not self.stop.is_set():
+                try:
+                    grpc.channel_ready_future(channel).result(timeout=backoff)
+                    return
+                except grpc.FutureTimeoutError:
+                    backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+                if failed.is_set() and not reported:
+                    reported = True
+                    print(f"[actor {self.config.actor_index}] cannot connect to {self.config.server_address} "
+                          "(TRANSIENT_FAILURE: no learner there yet, or it refused this actor's transport "
+                          "security); retrying", flush=True)
+        finally:
+            channel.unsubscribe(on_state)
 
     def _run_connection(self) -> None:
         run_id = random.SystemRandom().getrandbits(63)

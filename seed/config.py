@@ -91,6 +91,8 @@ class LearnerConfig(EnvOptions, TransportOptions):
     total_environment_frames: float = _field(1e9, "Stop after this many env frames (agent steps x action repeat).")
     log_interval_s: float = _field(10.0, "Seconds between progress lines / metrics.jsonl rows.")
     checkpoint_interval_s: float = _field(600.0, "Seconds between checkpoints (one is always written on exit).")
+    keep_checkpoints: int = _field(3, "Checkpoint files kept in the logdir (checkpoint-<n>.pt, newest last); a resume "
+                                      "falls back to the previous one if the newest does not load.")
     torch_threads: int = _field(0, "torch intra-op threads in the learner; 0 = number of CPU cores.")
     # Network.
     network: str = _field("auto", "mlp, impala_deep, nature, dqn_small, football or football_small; auto = mlp "

@@ -96,15 +96,12 @@ def load_checkpoint(logdir: str, path: str = "") -> tuple[str, dict[str, Any]]:
         raise UserError("--logdir or --checkpoint: got neither, expected a learner logdir or a checkpoint file")
     if not os.path.isdir(logdir):
         raise UserError(f"--logdir: got {logdir!r}, expected an existing learner logdir")
-    try:
-        state = checkpoint.load(logdir)
-    except Exception as error:
-        raise UserError(f"--logdir: the checkpoint in {logdir!r} cannot be read ({error})") from None
-    if state is None:
-        found = ", ".join(sorted(os.listdir(logdir))) or "nothing"
-        raise UserError(f"--logdir: {logdir!r} holds no checkpoint (expected {checkpoint.checkpoint_path(logdir)}); "
-                        f"found: {found}")
-    return checkpoint.checkpoint_path(logdir), state
+    found = checkpoint.latest(logdir)  # the newest checkpoint that loads (a corrupt newer one is skipped)
+    if found is None:
+        listing = ", ".join(sorted(os.listdir(logdir))) or "nothing"
+        raise UserError(f"--logdir: {logdir!r} holds no loadable checkpoint (expected checkpoint-<n>.pt files); "
+                        f"found: {listing}")
+    return found
 
 
 def learner_config(saved: dict[str, Any], source: str) -> LearnerConfig:

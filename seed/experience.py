@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from seed.replay import PrioritizedReplay
+from seed.supervisor import SupervisedThread
 from seed.unroll import TrainingBatch, Unroll
 
 
@@ -42,16 +43,17 @@ class SinkThread:
 
     The hand-off queue holds `depth` batches of unrolls; when the sink blocks (FIFO full, replay ahead of its
     ratio) the queue fills and `put` blocks the inference thread: back-pressure still reaches the actors.
+    An exception in `sink` ends the thread and is kept in `thread.failure` for the learner's watchdog.
     """
 
     def __init__(self, sink: Callable[[list[Unroll]], None], stop: threading.Event, depth: int = 4):
         self._sink = sink
         self._stop = stop
         self._queue: queue.Queue[list[Unroll]] = queue.Queue(maxsize=depth)
-        self._thread = threading.Thread(target=self._loop, name="experience-sink", daemon=True)
+        self.thread = SupervisedThread(self._loop, "experience-sink")
 
     def start(self) -> None:
-        self._thread.start()
+        self.thread.start()
 
     def put(self, unrolls: list[Unroll]) -> None:
         _put_until_stopped(self._queue, unrolls, self._stop)
@@ -95,6 +97,7 @@ class Prefetcher:
       next_unroll: timeout_s -> Unroll or None.
       batch_size: unrolls per batch (B).
       device: the training device; batches arrive there.
+    An exception ends the thread and is kept in `thread.failure` for the learner's watchdog.
     """
 
     def __init__(self, next_unroll: Callable[[float], Unroll | None], batch_size: int, device: torch.device,
@@ -104,10 +107,10 @@ class Prefetcher:
         self._device = device
         self._stop = stop
         self._batches: queue.Queue[Unroll] = queue.Queue(maxsize=depth)
-        self._thread = threading.Thread(target=self._loop, name="prefetcher", daemon=True)
+        self.thread = SupervisedThread(self._loop, "prefetcher")
 
     def start(self) -> None:
-        self._thread.start()
+        self.thread.start()
 
     def get(self, timeout: float) -> Unroll | None:
         try:
@@ -145,6 +148,10 @@ class FifoExperience:
 
     def start(self) -> None:
         self.prefetcher.start()
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads `start` started, for the learner's watchdog."""
+        return [self.prefetcher.thread]
 
     def next_batch(self, timeout_s: float) -> TrainingBatch | None:
         batch = self.prefetcher.get(timeout_s)
@@ -186,6 +193,9 @@ class ReplayExperience:
     def start(self) -> None:
         pass
 
+    def threads(self) -> list[threading.Thread]:
+        return []
+
     def sink(self, unrolls: list[Unroll]) -> None:
         eval_mask = self.is_eval_env(torch.stack([u.env_id for u in unrolls]))
         training = [u for u, is_eval in zip(unrolls, eval_mask.tolist(), strict=True) if not is_eval]
@@ -197,19 +207,22 @@ class ReplayExperience:
         if sample is None:
             return None
         return TrainingBatch(_to_device(sample.unrolls, self.device),
-                             sample.importance_weights.to(self.device), sample.indices)
+                             sample.importance_weights.to(self.device), sample.indices, sample.generations)
 
     def after_step(self, batch: TrainingBatch, priorities: torch.Tensor | None) -> None:
         if priorities is not None:
-            self.replay.update_priorities(batch.replay_indices, priorities.detach().cpu().double().numpy())
+            self.replay.update_priorities(batch.replay_indices, priorities.detach().cpu().double().numpy(),
+                                          batch.replay_generations)
 
     def stats(self) -> dict[str, Any]:
         return self.replay.stats()
 
     def save(self, logdir: str) -> None:
+        """Writes the replay to `replay.pt` atomically; inserts wait while it is written (`frozen_state`)."""
         if self.checkpoint:
             path = os.path.join(logdir, self.REPLAY_FILE)
-            torch.save(self.replay.state_dict(), path + ".tmp")
+            with self.replay.frozen_state() as state:
+                torch.save(state, path + ".tmp")
             os.replace(path + ".tmp", path)
 
     def restore(self, logdir: str) -> None:

@@ -8,18 +8,21 @@ Processes and threads:
   experience-sink       completed unrolls into the FIFO queue or the replay (may block: back-pressure).
   prefetcher            stacks unrolls into time-major batches and moves them to the training device.
   main thread           training loop: loss, optimizer step, publish parameters, metrics, checkpoints;
-                        restarts the serving process if it dies.
+                        restarts the serving process if it dies; ends the learner if a helper thread dies
+                        (seed/supervisor.py).
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 import logging
 import os
 import random
 import signal
+import sys
 import threading
 import time
 from typing import Any
@@ -36,10 +39,11 @@ from seed.envs.base import EnvSpec
 from seed.experience import FifoExperience, ReplayExperience, SinkThread
 from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
-from seed.replay import PrioritizedReplay
+from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
 from seed.serving.notify import RequestBatcher, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
+from seed.supervisor import SupervisedThread, ThreadDied, Watchdog, sink_fault_from_environment
 from seed.transport import TransportSecurity, listen_addresses
 
 log = logging.getLogger(__name__)
@@ -69,12 +73,13 @@ class Learner:
                                           eps=config.adam_epsilon, betas=(config.adam_beta1, 0.999), foreach=True)
         with open(os.path.join(config.logdir, "config.json"), "w") as f:  # what seed-report --curves groups by
             json.dump(dataclasses.asdict(config), f, indent=1, sort_keys=True)
-        restored = checkpoint.load(config.logdir)
+        found = checkpoint.latest(config.logdir)
+        restored = found[1] if found else None
         counters = restored["counters"] if restored else {}
         if restored:
             self.agent.load_state_dict(restored["agent"])
             self.optimizer.load_state_dict(restored["optimizer"])
-            print(f"[learner] resumed from {checkpoint.checkpoint_path(config.logdir)}: "
+            print(f"[learner] resumed from {found[0]}: "
                   f"env_frames={counters['env_frames']:,} train_steps={counters['train_steps']:,}", flush=True)
         self.metrics = LearnerMetrics(self.spec.action_repeat, **counters)
         if restored:
@@ -84,7 +89,8 @@ class Learner:
         if restored:
             self.experience.restore(config.logdir)
         # Evaluation envs are never trained on: their unrolls stop here, whatever the agent.
-        self.sink = SinkThread(self._training_unrolls_to(self.experience.sink), self.stop_event)
+        self.sink = SinkThread(sink_fault_from_environment(self._training_unrolls_to(self.experience.sink)),
+                               self.stop_event)
         # The step slab is shared with the serving process; one request pipe per inference device carries
         # "actor a's slot is ready", one reply pipe carries "actor a's reply is ready".
         self.slab = StepSlab.create(config.num_actors, config.envs_per_actor, self.spec.observation_shape,
@@ -112,10 +118,12 @@ class Learner:
                                       security=security or TransportSecurity.from_config(config),
                                       max_message_bytes=self._max_message_bytes())
         self._inference_threads = [
-            threading.Thread(target=self._serve_inference, args=(inference, batcher), name=f"inference-{i}",
-                             daemon=True)
+            SupervisedThread(functools.partial(self._serve_inference, inference, batcher), f"inference-{i}")
             for i, (inference, batcher) in enumerate(zip(self.inferences, self.batchers, strict=True))
         ]
+        # A helper thread that dies ends the learner (run's loop polls this) instead of freezing it.
+        self.watchdog = Watchdog(self.stop_event)
+        self.watchdog.watch(*self._inference_threads, self.sink.thread, *self.experience.threads())
         # Football's shaped rewards differ from its score (goals): show both.
         self.writer = MetricsWriter(config.logdir, show_raw_return=self.spec.name.startswith("football:"))
         self.reference_scores = self._atari_reference_scores()
@@ -126,6 +134,8 @@ class Learner:
         if not getattr(self.agent, "uses_replay", False):
             return FifoExperience(config.queue_capacity or config.batch_size, config.batch_size,
                                   self.training_device, self.stop_event)
+        # Refuse at start what the first insert would fail to allocate.
+        check_fits_in_memory(config.replay_capacity, self.agent.replay_sequence_bytes(), available_memory_bytes())
         replay = PrioritizedReplay(config.replay_capacity, config.priority_exponent,
                                    config.importance_sampling_exponent, config.replay_min_size, config.replay_ratio,
                                    config.batch_size, seed=config.seed, stop=self.stop_event)
@@ -189,7 +199,8 @@ class Learner:
     def request_stop(self, *_: Any) -> None:
         self.stop_event.set()
 
-    def checkpoint(self) -> None:
+    def checkpoint(self, with_experience: bool = True) -> None:
+        """Writes the next rotated checkpoint (seed/checkpoint.py) and, if `with_experience`, the replay."""
         state = {
             "agent": self.agent.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -200,8 +211,9 @@ class Learner:
             "rng": rng_states(),
             "config": vars(self.config).copy(),
         }
-        checkpoint.save(self.config.logdir, state)
-        self.experience.save(self.config.logdir)
+        checkpoint.save(self.config.logdir, state, keep=self.config.keep_checkpoints)
+        if with_experience:
+            self.experience.save(self.config.logdir)
 
     def train_step(self) -> bool:
         """One optimizer step on the next prefetched batch; False if none arrived in time."""
@@ -246,25 +258,39 @@ class Learner:
         start_frames = self.metrics.env_frames
         logger = _PeriodicLogger(self, start)
         logger.start()
+        self.watchdog.watch(logger.thread)
         last_checkpoint = start
         retry_at = 0.0  # when a failed serving-process restart is tried again
+        failure = None  # a helper thread that died
+        training_failed = True  # until the loop ends normally: a step that raised may have half-updated the network
         try:
             while not self.stop_event.is_set() and self.metrics.env_frames < config.total_environment_frames:
                 self.train_step()
+                failure = self.watchdog.check()
+                if failure is not None:
+                    print(f"[learner] {failure.describe()}\n[learner] stopping: a helper thread died", file=sys.stderr,
+                          flush=True)
+                    break
                 if not self.serving.alive() and not self.stop_event.is_set() and time.monotonic() > retry_at:
                     retry_at = time.monotonic() + (0.0 if self.serving.restart() else 5.0)
                 if time.monotonic() - last_checkpoint >= config.checkpoint_interval_s:
                     self.checkpoint()
                     last_checkpoint = time.monotonic()
+            training_failed = False
         finally:
-            self.stop_event.set()
+            self.stop_event.set()  # also unblocks threads waiting on a dead one (inference in the sink's put)
             self.serving.stop()
             for thread in self._inference_threads:
                 thread.join(timeout=10)
-            self.checkpoint()
+            if not training_failed:
+                # The network and optimizer belong to this thread and are whole; the replay may hold a half-written
+                # slot if the sink died inside an insert.
+                self.checkpoint(with_experience=failure is None or failure.thread != self.sink.thread.name)
             self._close()
             logger.finish()
             self.writer.close()
+        if failure is not None:
+            raise ThreadDied(failure)
         wall = time.monotonic() - start
         summary = {
             "env_frames": self.metrics.env_frames,
@@ -319,10 +345,10 @@ class _PeriodicLogger:
         self.last_return_mean: float | None = None
         self._done = threading.Event()
         self._lock = threading.Lock()
-        self._thread = threading.Thread(target=self._loop, name="metrics-logger", daemon=True)
+        self.thread = SupervisedThread(self._loop, "metrics-logger")
 
     def start(self) -> None:
-        self._thread.start()
+        self.thread.start()
 
     def _loop(self) -> None:
         while not self._done.wait(self.learner.config.log_interval_s):
@@ -341,8 +367,8 @@ class _PeriodicLogger:
 
     def finish(self) -> None:
         self._done.set()
-        self._thread.join(timeout=10)
-        if time.monotonic() - self.last_time > 0.5:
+        self.thread.join(timeout=10)
+        if self.thread.failure is None and time.monotonic() - self.last_time > 0.5:
             self.write()
 
 

@@ -56,6 +56,7 @@ def validate(config: LearnerConfig) -> None:
          f">= 0 and < num_envs = num_actors x envs_per_actor ({config.num_envs}): at least one env must train"),
         ("burn_in", config.agent != "vtrace" or config.burn_in == 0,
          "0 for --agent=vtrace (burn-in is an R2D2 setting; V-trace would train on its padding)"),
+        ("keep_checkpoints", config.keep_checkpoints >= 1, ">= 1"),
     ]
     for name, ok, expected in checks:
         if not ok:
@@ -100,8 +101,13 @@ def main(argv: list[str]) -> None:
     import torch  # noqa: F401  (imported late so --help and --print_config stay fast)
 
     from seed.learner import Learner, install_signal_handlers
+    from seed.replay import ReplayDoesNotFit
 
-    learner = Learner(config, security=security)
+    try:
+        learner = Learner(config, security=security)
+    except ReplayDoesNotFit as error:
+        print(f"seed-learner: {error}", file=sys.stderr)
+        sys.exit(2)
     install_signal_handlers(learner)
     learner.run()
 

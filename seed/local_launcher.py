@@ -3,7 +3,9 @@
 Every flag goes to the learner; the flags an actor understands (env flags) go to the actors too. Actors
 talk to the learner over a unix socket in the logdir unless `--server_address` says otherwise. The launcher
 waits until the learner serves (gRPC health check) before it starts actors and counts their failures; it
-restarts a crashed actor, stops every child on exit, Ctrl-C or SIGTERM, and exits with the learner's status.
+restarts a crashed actor, restarts a learner that exits non-zero (e.g. a helper thread died; it resumes from its
+newest checkpoint and the actors reconnect by themselves) up to MAX_LEARNER_RESTARTS times, stops every child on
+exit, Ctrl-C or SIGTERM, and exits with the learner's status.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from seed.config import ActorConfig, LearnerConfig
 
 MAX_ACTOR_RESTARTS = 20
+MAX_LEARNER_RESTARTS = 5
 LEARNER_START_TIMEOUT_S = 300.0
 
 
@@ -136,9 +139,22 @@ def main(argv: list[str]) -> int:
             return learner.poll() or 1
         actors = [start_actor(i) for i in range(config.num_actors)]
         print(f"[local] started {config.num_actors} actors x {config.envs_per_actor} envs on {address}", flush=True)
-        restarts = 0
-        while not stopping and learner.poll() is None:
+        restarts = learner_restarts = 0
+        while not stopping:
             time.sleep(0.5)
+            code = learner.poll()
+            if code is not None:
+                # 0: done; 2: a configuration error that a restart repeats; a signal from us: stopping.
+                if code in (0, 2) or stopping:
+                    break
+                learner_restarts += 1
+                if learner_restarts > MAX_LEARNER_RESTARTS:
+                    print(f"[local] the learner failed {learner_restarts} times; stopping", file=sys.stderr, flush=True)
+                    break
+                print(f"[local] learner exited with {code}; restarting it ({learner_restarts}/{MAX_LEARNER_RESTARTS})",
+                      flush=True)
+                learner = subprocess.Popen(learner_cmd)
+                continue
             for index, actor in enumerate(actors):
                 code = actor.poll()
                 if code is None or learner.poll() is not None or stopping:

@@ -9,12 +9,19 @@ sampling training thread.
 - The replay ratio (sequences sampled per sequence inserted, counted after `min_size` inserts) is enforced
   in both directions: training waits for inserts, and inserts block (back-pressure on the actors) when they
   run more than `max_insert_lead` sequences ahead of training.
+- Every slot carries a generation (the insert count when its sequence was written). A sample returns the
+  generations of its slots and `update_priorities` drops the updates of slots written since (the ring
+  recycled them while the batch trained): the new sequence keeps its own initial priority.
+- Checkpoints are consistent: `frozen_state` holds the lock while the caller serialises, so no insert lands
+  between reading the tensors and writing them.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -87,6 +94,30 @@ class ReplaySample:
     unrolls: Unroll  # time-major [L, B, ...]
     indices: np.ndarray  # int64 [B] slots, for update_priorities
     importance_weights: torch.Tensor  # float32 [B], max-normalised
+    generations: np.ndarray  # int64 [B] the slots' generations when sampled, for update_priorities
+
+
+class ReplayDoesNotFit(ValueError):
+    """--replay_capacity needs more memory than the machine has available."""
+
+
+def available_memory_bytes() -> int:
+    """Memory the system can give this process without swapping (MemAvailable), in bytes."""
+    import psutil
+
+    return int(psutil.virtual_memory().available)
+
+
+def check_fits_in_memory(capacity: int, bytes_per_sequence: int, available_bytes: int) -> None:
+    """Raises ReplayDoesNotFit (naming --replay_capacity, the bytes needed and available, and the capacity that
+    would fit) when `capacity` sequences of `bytes_per_sequence` bytes exceed `available_bytes`."""
+    needed = capacity * bytes_per_sequence
+    if needed > available_bytes:
+        fits = available_bytes // max(1, bytes_per_sequence)
+        raise ReplayDoesNotFit(
+            f"--replay_capacity: got {capacity:,} sequences x {bytes_per_sequence:,} bytes = {needed:,} bytes "
+            f"({needed / 2**30:.1f} GiB), expected at most {fits:,} sequences: {available_bytes:,} bytes "
+            f"({available_bytes / 2**30:.1f} GiB) of memory are available")
 
 
 class PrioritizedReplay:
@@ -122,10 +153,12 @@ class PrioritizedReplay:
         self._steps: dict[str, torch.Tensor] = {}
         self._state: dict[str, torch.Tensor] = {}
         self._env_ids = torch.zeros(capacity, dtype=torch.int64)
+        self._generations = np.full(capacity, -1, np.int64)  # `inserted` before the slot's last write
         self.size = 0
         self.next_slot = 0
         self.inserted = 0
         self.sampled = 0
+        self.stale_priority_updates = 0
         self._lock = threading.Condition()
         self._stop = stop or threading.Event()
 
@@ -172,6 +205,7 @@ class PrioritizedReplay:
                 for k, v in unroll.initial_state.items():
                     self._state[k][slot] = v
                 self._env_ids[slot] = unroll.env_id
+                self._generations[slot] = self.inserted
                 self.tree.set(np.array([slot]), np.array([float(priority) ** self.alpha]))
                 self.next_slot = (slot + 1) % self.capacity
                 self.size = min(self.size + 1, self.capacity)
@@ -193,14 +227,20 @@ class PrioritizedReplay:
             steps = {k: v.index_select(0, index_t).transpose(0, 1) for k, v in self._steps.items()}
             state = {k: v.index_select(0, index_t) for k, v in self._state.items()}
             env_ids = self._env_ids.index_select(0, index_t)
+            generations = self._generations[indices]
             self.sampled += self.batch_size
             self._lock.notify_all()
         return ReplaySample(Unroll(steps, state, env_ids), indices,
-                            torch.from_numpy(weights.astype(np.float32)))
+                            torch.from_numpy(weights.astype(np.float32)), generations)
 
-    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray) -> None:
+    def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, generations: np.ndarray) -> None:
+        """Sets the priorities [B] of sampled slots [B]; a slot whose generation is no longer the sampled one
+        [B] holds a newer sequence, so its update is dropped (and counted in `stale_priority_updates`)."""
+        indices = np.asarray(indices, np.int64)
         with self._lock:
-            self.tree.set(indices, np.asarray(priorities, np.float64) ** self.alpha)
+            current = self._generations[indices] == np.asarray(generations, np.int64)
+            self.stale_priority_updates += int((~current).sum())
+            self.tree.set(indices[current], np.asarray(priorities, np.float64)[current] ** self.alpha)
 
     def stats(self) -> dict[str, float]:
         with self._lock:
@@ -213,14 +253,30 @@ class PrioritizedReplay:
                 "replay_sampled": self.sampled,
                 "replay_priority_mean": float(priorities.mean()),
                 "replay_priority_max": float(priorities.max()),
+                "replay_stale_priority_updates": self.stale_priority_updates,
             }
 
     # -- checkpointing -------------------------------------------------------------------------------------------
-    def state_dict(self) -> dict:
+    def _live_state(self) -> dict:
+        return {"steps": self._steps, "state": self._state, "env_ids": self._env_ids,
+                "generations": self._generations, "priorities": self.tree.get(np.arange(self.capacity)),
+                "size": self.size, "next_slot": self.next_slot, "inserted": self.inserted, "sampled": self.sampled}
+
+    @contextlib.contextmanager
+    def frozen_state(self) -> Iterator[dict]:
+        """The live state (no copy), with inserts and sampling held off until the block ends: serialise it
+        inside the block. Holding the lock rather than copying keeps a checkpoint of a many-GB replay from
+        needing twice its memory; inserts (and so the actors) wait for the length of the save."""
         with self._lock:
-            return {"steps": self._steps, "state": self._state, "env_ids": self._env_ids,
-                    "priorities": self.tree.get(np.arange(self.capacity)), "size": self.size,
-                    "next_slot": self.next_slot, "inserted": self.inserted, "sampled": self.sampled}
+            yield self._live_state()
+
+    def state_dict(self) -> dict:
+        """A consistent copy of the state (twice the replay's memory while it lives; prefer `frozen_state`)."""
+        with self._lock:
+            live = self._live_state()
+            return {**live, "steps": {k: v.clone() for k, v in self._steps.items()},
+                    "state": {k: v.clone() for k, v in self._state.items()}, "env_ids": self._env_ids.clone(),
+                    "generations": self._generations.copy()}
 
     def load_state_dict(self, saved: dict) -> None:
         with self._lock:
@@ -228,6 +284,8 @@ class PrioritizedReplay:
                 raise ValueError(f"replay checkpoint capacity: got {len(saved['priorities'])}, "
                                  f"expected {self.capacity} (--replay_capacity)")
             self._steps, self._state, self._env_ids = saved["steps"], saved["state"], saved["env_ids"]
+            # Files from before generations existed: no sample is in flight across a restart, any value will do.
+            self._generations = np.asarray(saved.get("generations", np.zeros(self.capacity)), np.int64).copy()
             self.tree.set(np.arange(self.capacity), saved["priorities"])
             self.size, self.next_slot = saved["size"], saved["next_slot"]
             self.inserted, self.sampled = saved["inserted"], saved["sampled"]

@@ -75,11 +75,14 @@ class TrainingBatch:
       unrolls: time-major batch on the training device ([L, B, ...]).
       importance_weights: float32 [B] (prioritized replay), or None (FIFO queue).
       replay_indices: the replay slots of the sequences, for the priority update, or None.
+      replay_generations: the slots' generations when sampled (the priority update skips slots written
+        since), or None.
     """
 
     unrolls: Unroll
     importance_weights: torch.Tensor | None = None
     replay_indices: object | None = None
+    replay_generations: object | None = None
 
 
 @dataclasses.dataclass

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -73,6 +74,35 @@ def read_metrics(logdir: str) -> list[dict]:
         return []
     with open(path) as f:
         return [json.loads(line) for line in f if line.strip()]
+
+
+RESUMED = re.compile(r"resumed from (\S+): env_frames=([\d,]+) train_steps=([\d,]+)")
+
+
+def assert_resumed(output: str, logdir: str, saved: tuple[str, dict], rows_before: int) -> None:
+    """The learner whose `output` this is resumed from `saved` (checkpoint.latest before it started): its resume
+    line names that file and its counters, and its first metrics row (row `rows_before` of metrics.jsonl)
+    continues from them instead of from zero."""
+    path, state = saved
+    counters = state["counters"]
+    assert counters["train_steps"] > 0 and counters["env_frames"] > 0, counters
+    match = RESUMED.search(output)
+    assert match, output
+    assert match.group(1) == path, (match.group(0), path)
+    assert [int(match.group(i).replace(",", "")) for i in (2, 3)] == [counters["env_frames"], counters["train_steps"]]
+    first_row = read_metrics(logdir)[rows_before]
+    assert first_row["train_steps"] >= counters["train_steps"], (first_row, counters)
+    assert first_row["env_frames"] >= counters["env_frames"], (first_row, counters)
+
+
+def assert_optimizer_continued(logdir: str) -> None:
+    """In the newest checkpoint, Adam's step count equals the learner's train steps: true across a resume only
+    if the optimizer's state (step count and moments) was restored rather than started afresh."""
+    from seed import checkpoint
+
+    path, state = checkpoint.latest(logdir)
+    steps = {int(moments["step"]) for moments in state["optimizer"]["state"].values()}
+    assert steps == {state["counters"]["train_steps"]}, (path, steps, state["counters"])
 
 
 def wait_for(predicate, timeout_s: float, what: str, interval_s: float = 0.25, on_timeout=None):

@@ -5,8 +5,17 @@ import signal
 import time
 
 import pytest
+import torch
 
-from tests.conftest import free_tcp_port, read_metrics, serving_pid, wait_for
+from seed import checkpoint
+from tests.conftest import (
+    assert_optimizer_continued,
+    assert_resumed,
+    free_tcp_port,
+    read_metrics,
+    serving_pid,
+    wait_for,
+)
 
 REQUIRED_KEYS = {
     "time_s", "env_frames", "env_frames_per_sec", "train_steps", "train_steps_per_sec", "episodes",
@@ -43,7 +52,8 @@ def test_learner_and_two_actors_train(processes, tmp_path, transport):
     else:
         port = free_tcp_port()
         listen, dial = f"127.0.0.1:{port}", f"127.0.0.1:{port}"
-    learner = processes.learner(_learner_args(logdir, listen))
+    # Batches of up to both actors' 8 rows, waiting up to 50 ms for the second actor.
+    learner = processes.learner(_learner_args(logdir, listen, inference_batch_size=8, batch_timeout_ms=50))
     for i in range(2):
         processes.actor(_actor_args(dial, i), f"actor{i}")
     rows = wait_for(lambda: _trained(logdir, 20), 90, "20 training steps",
@@ -51,11 +61,13 @@ def test_learner_and_two_actors_train(processes, tmp_path, transport):
     assert REQUIRED_KEYS <= set(rows[-1]), REQUIRED_KEYS - set(rows[-1])
     last = rows[-1]
     assert last["env_frames"] > 0 and last["episodes"] > 0
-    assert last["inference_batch_size_mean"] >= 4
+    # One actor's request is 4 rows: a mean above 4 means inference batched the two actors together.
+    assert max(r["inference_batch_size_mean"] or 0 for r in rows) > 4, [r["inference_batch_size_mean"] for r in rows]
     assert any(name.startswith("events.out.tfevents") for name in os.listdir(logdir))
     learner.send_signal(signal.SIGTERM)
     assert learner.wait(timeout=30) == 0
-    assert os.path.exists(os.path.join(logdir, "checkpoint.pt"))
+    found = checkpoint.latest(logdir)
+    assert found is not None and found[1]["counters"]["train_steps"] >= 20
 
 
 def test_two_inference_devices_share_the_actors(processes, tmp_path):
@@ -64,8 +76,13 @@ def test_two_inference_devices_share_the_actors(processes, tmp_path):
     learner = processes.learner(_learner_args(logdir, address, inference_devices="cpu,cpu"))
     for i in range(2):
         processes.actor(_actor_args(address, i), f"actor{i}")
-    rows = wait_for(lambda: _trained(logdir, 10), 90, "training", on_timeout=lambda: processes.output(learner))
-    assert rows[-1]["publish_ms"] is not None  # parameters reach both inference copies after each update
+    wait_for(lambda: _trained(logdir, 10), 90, "training", on_timeout=lambda: processes.output(learner))
+    # Both actors are served (actor a by device a % 2); test_trained_parameters_reach_every_inference_device
+    # checks that each device's network follows training.
+    for i in range(2):
+        wait_for(lambda i=i: f"actor {i} connected" in processes.output(learner), 30, f"actor {i} to connect")
+    steps = read_metrics(logdir)[-1]["train_steps"]
+    wait_for(lambda: _trained(logdir, steps + 5), 60, "training with both actors connected")
     learner.send_signal(signal.SIGTERM)
     assert learner.wait(timeout=30) == 0
 
@@ -100,17 +117,20 @@ def test_restarted_learner_resumes_from_checkpoint(processes, tmp_path):
     start = time.monotonic()
     first.send_signal(signal.SIGTERM)
     assert first.wait(timeout=30) == 0
-    assert time.monotonic() - start < 30
+    assert time.monotonic() - start < 20  # SIGTERM: stop serving, checkpoint, exit; well inside a pod's grace period
     before = read_metrics(logdir)[-1]
+    saved = checkpoint.latest(logdir)
+    assert saved[1]["counters"]["train_steps"] >= before["train_steps"]
+    rows_before = len(read_metrics(logdir))
     # The same actors reconnect by themselves to the new learner on the same logdir.
     second = processes.learner(_learner_args(logdir, address), "learner2")
     wait_for(lambda: "resumed from" in processes.output(second), 60, "the resume message")
     wait_for(lambda: _trained(logdir, before["train_steps"] + 5), 90, "training after the restart",
              on_timeout=lambda: processes.output(second))
-    rows = read_metrics(logdir)
-    resumed = [r for r in rows if r["time_s"] < rows[-1]["time_s"] + 1][-1]
-    assert resumed["env_frames"] > before["env_frames"]
-    assert resumed["train_steps"] > before["train_steps"]
+    assert_resumed(processes.output(second), logdir, saved, rows_before)
+    second.send_signal(signal.SIGTERM)
+    assert second.wait(timeout=30) == 0
+    assert_optimizer_continued(logdir)
 
 
 def test_each_inference_device_serves_its_actors(tmp_path):
@@ -134,6 +154,44 @@ def test_each_inference_device_serves_its_actors(tmp_path):
         assert status == REPLY_OK and actions.shape == (4,)
     assert learner.inferences[0].actor_run.tolist() == [1, 0]
     assert learner.inferences[1].actor_run.tolist() == [0, 1]
+
+
+def test_trained_parameters_reach_every_inference_device(tmp_path):
+    """After a training step, each inference device's network holds the trained parameters."""
+    import numpy as np
+
+    from seed.learner import Learner
+    from seed.learner_main import resolve_config
+    from tests.conftest import serve_steps
+
+    config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",
+                                 num_actors=2, envs_per_actor=2, batch_size=4, unroll_length=3,
+                                 inference_devices="cpu,cpu", torch_threads=1))
+    learner = Learner(config)
+    try:
+        learner.slab.live_run[:] = 1
+
+        def serve_each_actor():
+            for actor in (0, 1):
+                step = (actor, 1, np.zeros((2, 8), np.float32), np.zeros(2, np.float32), np.zeros(2, bool),
+                        np.zeros(2, bool))
+                serve_steps(learner.inferences[actor % 2], [step])
+
+        for _ in range(config.unroll_length + 1):  # each env completes one unroll: 4 unrolls, one batch
+            serve_each_actor()
+        learner.sink.start()
+        learner.experience.start()
+        before = {k: v.clone() for k, v in learner.agent.network.state_dict().items()}
+        wait_for(learner.train_step, 20, "a training step on the served unrolls")
+        trained = learner.agent.network.state_dict()
+        assert any(not torch.equal(before[k], trained[k]) for k in trained)
+        serve_each_actor()  # inference picks up published parameters between batches
+        for device, inference in enumerate(learner.inferences):
+            for name, value in inference.network.state_dict().items():
+                assert torch.equal(value, trained[name]), (device, name)
+    finally:
+        learner.stop_event.set()
+        learner._close()
 
 
 def _alive(pid):

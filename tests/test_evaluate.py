@@ -138,7 +138,7 @@ def test_logdir_without_checkpoint_lists_what_it_holds(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("{}\n")
     done = seed_eval([f"--logdir={tmp_path}"], str(tmp_path))
     assert done.returncode == 2
-    assert "holds no checkpoint" in done.stderr and "checkpoint.pt" in done.stderr
+    assert "holds no loadable checkpoint" in done.stderr and "checkpoint-<n>.pt" in done.stderr
     assert "found: metrics.jsonl" in done.stderr
     assert "Traceback" not in done.stderr
 

@@ -56,11 +56,86 @@ def test_importance_weights_follow_the_formula():
 
 
 def test_priority_update_changes_sampling():
-    replay = PrioritizedReplay(capacity=3, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=3,
+    replay = PrioritizedReplay(capacity=3, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=1,
                                replay_ratio=1e9, batch_size=30, seed=2, max_insert_lead=100)
     replay.insert([_unroll(i) for i in range(3)], np.ones(3))
-    replay.update_priorities(np.array([0, 1]), np.array([0.0, 0.0]))
+    sample = replay.sample(timeout_s=1)
+    first_two = np.isin(sample.indices, [0, 1])
+    replay.update_priorities(sample.indices[first_two], np.zeros(first_two.sum()), sample.generations[first_two])
     assert set(replay.sample(timeout_s=1).indices.tolist()) == {2}
+
+
+def test_priority_update_of_a_recycled_slot_is_dropped():
+    """A slot overwritten between `sample` and `update_priorities` keeps the new sequence's initial priority."""
+    replay = PrioritizedReplay(capacity=2, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=2,
+                               replay_ratio=1e9, batch_size=4, seed=0, max_insert_lead=100)
+    replay.insert([_unroll(0), _unroll(1)], np.array([1.0, 1.0]))
+    sample = replay.sample(timeout_s=1)
+    assert set(sample.indices.tolist()) == {0, 1}
+    replay.insert([_unroll(2)], np.array([7.0]))  # the ring recycles slot 0 while the batch trains
+    replay.update_priorities(sample.indices, np.full(len(sample.indices), 100.0), sample.generations)
+    assert replay.tree.get(np.array([0]))[0] == 7.0  # sequence 2's own priority, not sequence 0's TD error
+    assert replay.tree.get(np.array([1]))[0] == 100.0  # slot 1 still holds what was sampled
+    assert replay.stats()["replay_stale_priority_updates"] == int((sample.indices == 0).sum()) > 0
+
+
+def _assert_consistent(saved, capacity):
+    """Every filled slot's fields, priority and the counters belong to one and the same sequence."""
+    for slot in range(saved["size"]):
+        sequence = int(saved["steps"]["reward"][slot, 0])
+        assert saved["state"]["h"][slot, 0].item() == sequence, (slot, saved["state"]["h"][slot])
+        assert int(saved["env_ids"][slot]) == sequence
+        assert saved["priorities"][slot] == sequence + 1, (slot, sequence, saved["priorities"][slot])
+        assert saved["inserted"] - saved["size"] <= sequence < saved["inserted"], (slot, sequence, saved["inserted"])
+        assert sequence % capacity == slot
+
+
+def test_replay_checkpoint_is_not_torn_by_a_concurrent_insert(tmp_path, monkeypatch):
+    """An insert that arrives while the replay is being written lands before or after the saved state, never
+    half in it. The insert is started from inside torch.save (after the state was read, before it is written),
+    so the interleaving that tore the old checkpoint happens every time unless the save holds the replay off."""
+    from seed.experience import ReplayExperience
+
+    capacity = 4
+    replay = PrioritizedReplay(capacity=capacity, priority_exponent=1.0, importance_sampling_exponent=0.0,
+                               min_size=1, replay_ratio=1e9, batch_size=2, seed=0, max_insert_lead=100)
+    replay.insert([_unroll(i) for i in range(capacity)], np.arange(1.0, capacity + 1))
+    experience = ReplayExperience(replay, lambda unrolls: np.ones(len(unrolls)), lambda ids: ids < 0,
+                                  torch.device("cpu"), checkpoint=True)
+    real_save = torch.save
+    insert_done = threading.Event()
+
+    def save_while_inserting(obj, path):
+        # The next sequence (4) recycles slot 0 with priority 5.
+        threading.Thread(target=lambda: (replay.insert([_unroll(capacity)], np.array([capacity + 1.0])),
+                                         insert_done.set())).start()
+        insert_done.wait(1.0)  # returns at once if the insert is not held off
+        real_save(obj, path)
+
+    monkeypatch.setattr(torch, "save", save_while_inserting)
+    experience.save(str(tmp_path))
+    monkeypatch.setattr(torch, "save", real_save)
+    assert insert_done.wait(5)
+    saved = torch.load(tmp_path / ReplayExperience.REPLAY_FILE, weights_only=False)
+    _assert_consistent(saved, capacity)
+    # The copy `state_dict` returns is consistent too, and restores into a replay that samples the same content.
+    _assert_consistent(replay.state_dict(), capacity)
+    restored = PrioritizedReplay(capacity=capacity, priority_exponent=1.0, importance_sampling_exponent=0.0,
+                                 min_size=1, replay_ratio=1e9, batch_size=2, seed=0)
+    restored.load_state_dict(replay.state_dict())
+    assert restored.inserted == capacity + 1
+    assert int(restored.sample(timeout_s=1).unrolls.reward[0].min()) >= 1  # sequence 0 is gone
+
+
+def test_replay_that_does_not_fit_in_memory_is_refused():
+    from seed.replay import ReplayDoesNotFit, check_fits_in_memory
+
+    check_fits_in_memory(1000, 1000, available_bytes=10**6)
+    with pytest.raises(ReplayDoesNotFit) as info:
+        check_fits_in_memory(100_000_000, 1742, available_bytes=20 * 2**30)
+    message = str(info.value)
+    assert message.startswith("--replay_capacity: got 100,000,000 sequences x 1,742 bytes = 174,200,000,000 bytes")
+    assert f"expected at most {20 * 2**30 // 1742:,} sequences: {20 * 2**30:,} bytes" in message
 
 
 def test_fifo_eviction_and_memory_accounting():

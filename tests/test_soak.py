@@ -1,6 +1,7 @@
 """The 3-minute soak (seed/bench/soak.py): V-trace on CartPole and fake:atari at the same time, each with 4 real
-actor processes, while actors are SIGKILLed and SIGSTOPped every 30 s and the learner is SIGKILLed and
-restarted once. Asserts the report's figures; the 10-minute numbers are in docs/reliability/."""
+actor processes, while actors are SIGKILLed and SIGSTOPped every 30 s, the learner is SIGKILLed and
+restarted once, and the restarted learner's experience sink raises once (it must exit non-zero and is
+restarted). Asserts the report's figures; the 10-minute numbers are in docs/reliability/."""
 
 import json
 import subprocess
@@ -28,8 +29,9 @@ def test_soak_three_minutes(tmp_path):
     assert set(report["runs"]) == {"gym:CartPole-v1", "fake:atari"}
     for env, run in report["runs"].items():
         where = f"{env}: {json.dumps({k: v for k, v in run.items() if k != 'events'})[:3000]}\n{summary}"
-        # The schedule: 4 actor-fault slots (SIGKILL + SIGSTOP) and the learner kill in the middle slot.
-        assert [f["kind"] for f in run["faults"]] == ["actors", "actors", "learner", "actors", "actors"], where
+        # The schedule: 3 actor-fault slots (SIGKILL + SIGSTOP), the learner kill in the middle slot and the
+        # sink exception in the slot after it.
+        assert [f["kind"] for f in run["faults"]] == ["actors", "actors", "learner", "sink", "actors"], where
         assert run["learner_crashes"] == 0, where
         assert run["actor_crashes"] == 0, where
         # FPS back to 80% of its pre-fault level after every fault, before the next one (the stopped actor
@@ -43,9 +45,16 @@ def test_soak_three_minutes(tmp_path):
         assert restart["actors_reconnected"] == restart["actors_expected"] == 4, where
         # Every actor connected at least twice (the learner restart), the SIGKILLed ones once more per kill.
         kills = {i: sum(f.get("killed_actor") == i for f in run["faults"]) for i in range(4)}
-        assert all(run["actor_connections"][str(i)] >= 2 + kills[i] for i in range(4)), where
+        assert all(run["actor_connections"][str(i)] >= 3 + kills[i] for i in range(4)), where  # 2 restarts
         # Training went on after the restart, from where the checkpoint left it.
         assert run["train_steps"] > restart["resumed_train_steps"], where
+        # The sink's exception ended the learner within seconds, non-zero, traceback logged; the restarted
+        # learner resumed from the checkpoint it wrote on the way out, and FPS recovered before the next fault.
+        sink = run["sink_fault"]
+        assert sink["exit_code"] not in (None, 0) and sink["traceback_logged"] and sink["thread_named"], where
+        assert sink["exit_after_death_s"] <= 20, where  # as after SIGTERM: stop, checkpoint, exit
+        assert sink["resumed"][1] >= restart["resumed_train_steps"], where
+        assert sink["recovery_s"] is not None and sink["recovery_s"] <= KILL_EVERY_S, where
     cartpole = report["runs"]["gym:CartPole-v1"]["return"]
     assert cartpole["improved"] and cartpole["last_window_mean"] > 1.5 * cartpole["first_window_mean"], cartpole
     assert report["passed"] and completed.returncode == 0, summary

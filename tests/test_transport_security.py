@@ -261,9 +261,13 @@ def test_actor_process_over_mutual_tls_and_token(processes, tmp_path):
     good = processes.actor([*common, f"--server_address={address}", "--actor_index=0",
                             f"--tls_cert={pki.client_cert}", f"--tls_key={pki.client_key}", f"--tls_ca={pki.ca}"],
                            "tls")
-    plain = processes.actor([*common, f"--server_address={address}", "--actor_index=1"], "plain")
     wait_for(lambda: "connected to" in processes.output(good), 60, "the TLS actor to connect",
              on_timeout=lambda: processes.output(learner) + processes.output(good))
-    time.sleep(3)
-    assert "connected to" not in processes.output(plain)
+    # Started once the learner serves, so its failed attempts are refusals, not a learner still starting.
+    plain = processes.actor([*common, f"--server_address={address}", "--actor_index=1"], "plain")
+    wait_for(lambda: "[actor 1] cannot connect to" in processes.output(plain), 60,
+             "the plaintext actor to try and be refused", on_timeout=lambda: processes.output(plain))
+    time.sleep(2)
+    assert "[actor 1] connected to" not in processes.output(plain)
+    assert plain.poll() is None  # it keeps retrying rather than crashing
     assert learner.poll() is None and good.poll() is None

@@ -95,6 +95,10 @@ class Agent:
     def initial_state(self, batch_size: int) -> State:
         return self.network.initial_state(batch_size)
 
+    def replay_sequence_bytes(self) -> int:
+        """Bytes one replay sequence of this agent takes (see `replay_sequence_bytes`)."""
+        return replay_sequence_bytes(self.spec, self.config, self.network)
+
     def to(self, device: torch.device) -> Agent:
         """Moves the trained networks (online and target) to the training device."""
         self.network.to(device)
@@ -202,17 +206,23 @@ class Agent:
         self.target_network.load_state_dict(state["target_network"])
 
 
+def replay_sequence_bytes(spec: EnvSpec, config: LearnerConfig, network: nn.Module) -> int:
+    """Bytes one replay sequence takes: (burn_in + unroll_length + 1) steps of observation (one frame),
+    reward, done, truncated, prev_action, action, valid and q_values [A], plus the agent state and the env id."""
+    length = config.burn_in + config.unroll_length + 1
+    step_bytes = (int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
+                  + 4 + 1 + 1 + 8 + 8 + 1 + 4 * spec.num_actions)  # obs, reward, done, truncated, actions, valid, q
+    state_bytes = sum(t.numel() * t.element_size() for t in network.initial_state(1).values())
+    return length * step_bytes + state_bytes + 8
+
+
 def describe_config(config: LearnerConfig) -> dict[str, Any]:
     """Derived values for --print_config: the replay's expected memory for this env and network."""
     from seed.envs import make_spec
 
     spec = make_spec(config.env, config.env_options())
-    network = DuelingQNetwork(spec, config)
     length = config.burn_in + config.unroll_length + 1
-    step_bytes = (int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
-                  + 4 + 1 + 1 + 8 + 8 + 1 + 4 * spec.num_actions)  # obs, reward, done, truncated, actions, valid, q
-    state_bytes = sum(t.numel() * t.element_size() for t in network.initial_state(1).values())
-    per_sequence = length * step_bytes + state_bytes + 8
+    per_sequence = replay_sequence_bytes(spec, config, DuelingQNetwork(spec, config))
     return {
         "replay_sequence_length": length,
         "replay_bytes_per_sequence": per_sequence,

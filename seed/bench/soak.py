@@ -5,12 +5,17 @@ For every env in --envs (default CartPole and fake:atari, run concurrently) it s
 
   every --kill_every_s   SIGKILL one random actor (restarted after --actor_restart_delay_s, as a replacement
                          pod would be) and SIGSTOP another one for --stop_s seconds, then SIGCONT;
-  once, mid-run          SIGKILL the learner (in place of that slot's actor faults) and restart it on its logdir.
+  once, mid-run          SIGKILL the learner (in place of that slot's actor faults) and restart it on its logdir;
+  once, the slot after   the restarted learner's experience sink raises (the test-only hook
+                         SEED_FAULT_SINK_RAISE_AFTER_S, seed/supervisor.py): the learner must exit non-zero
+                         with the traceback in its log within seconds; the soak then restarts it at once on its
+                         logdir, as launch/local.sh does with a learner that exits non-zero.
 
 It writes a JSON report (--out) per env: learner crashes besides the injected kill, seconds until the learner's
 env_frames_per_sec is back to 80% of its pre-fault level after each fault, frames and train steps lost across
 the learner restart (bounded by one --checkpoint_interval_s), actors reconnected, and whether the episode
-return improved. The process exits 1 if a figure misses its bound.
+return improved; for the sink fault, how long the learner took to exit and whether it resumed. The process exits 1
+if a figure misses its bound.
 
     python -m seed.bench.soak --duration_s=600 --out=docs/reliability/soak-600s.json
 """
@@ -33,11 +38,13 @@ from typing import Any
 from absl import app, flags
 
 from seed.bench import soak_analysis as analysis
+from seed.supervisor import SINK_FAULT_ENV
 
 ENV_FLAGS = {  # per env: learner and actor flags light enough for a 2-core machine
     "gym:CartPole-v1": {"torch_threads": 1},
     "fake:atari": {"torch_threads": 1, "network": "nature", "batch_size": 8, "use_lstm": False, "learning_rate": 1e-3},
 }
+SINK_EXIT_BOUND_S = 20.0  # a learner whose sink died must be gone this soon (stop, checkpoint, exit), as on SIGTERM
 RESUMED = re.compile(r"resumed from .*: env_frames=([\d,]+) train_steps=([\d,]+)")
 
 
@@ -58,14 +65,14 @@ class SoakOptions:
 @dataclasses.dataclass
 class Fault:
     t_s: float
-    kind: str  # "actors" (one SIGKILL + one SIGSTOP) or "learner"
+    kind: str  # "actors" (one SIGKILL + one SIGSTOP), "learner" (SIGKILL) or "sink" (the sink raises)
     killed: int = -1
     stopped: int = -1
 
 
 def plan_faults(options: SoakOptions, rng: random.Random) -> list[Fault]:
     """Fault slots every kill_every_s, leaving one slot at the end for the last recovery; the middle slot
-    kills the learner instead of actors."""
+    kills the learner instead of actors, and the slot after it (if there is one) makes the sink raise."""
     slots = [k * options.kill_every_s for k in range(1, int(options.duration_s // options.kill_every_s))]
     if not slots:
         raise ValueError(f"--duration_s: got {options.duration_s}, expected at least 2 x --kill_every_s "
@@ -75,6 +82,8 @@ def plan_faults(options: SoakOptions, rng: random.Random) -> list[Fault]:
     for i, t in enumerate(slots):
         if i == learner_slot:
             faults.append(Fault(t, "learner"))
+        elif i == learner_slot + 1:
+            faults.append(Fault(t, "sink"))
         else:
             killed, stopped = rng.sample(range(options.num_actors), 2)
             faults.append(Fault(t, "actors", killed, stopped))
@@ -102,6 +111,7 @@ class SoakRun:
         self.samples: list[analysis.Sample] = []
         self.events: list[dict[str, Any]] = []
         self.restart: dict[str, Any] = {}
+        self.sink_fault: dict[str, Any] = {}
         self._metrics_offset = 0
         self._start = time.monotonic()
 
@@ -110,15 +120,17 @@ class SoakRun:
     def now(self) -> float:
         return time.monotonic() - self._start
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen:
+    def _spawn(self, args: list[str], log_name: str, environment: dict[str, str] | None = None
+               ) -> subprocess.Popen:
         log = open(os.path.join(self.directory, log_name), "ab")
+        env = {k: v for k, v in os.environ.items() if k != SINK_FAULT_ENV}
         return subprocess.Popen([sys.executable, *args], stdout=log, stderr=subprocess.STDOUT,
-                                env=dict(os.environ, PYTHONUNBUFFERED="1"))
+                                env=dict(env, PYTHONUNBUFFERED="1", **(environment or {})))
 
     def _env_flags(self) -> list[str]:
         return [f"--env={self.env}", f"--envs_per_actor={self.options.envs_per_actor}", f"--seed={self.options.seed}"]
 
-    def start_learner(self) -> None:
+    def start_learner(self, environment: dict[str, str] | None = None) -> None:
         self.learner_number += 1
         extra = [f"--{k}={v}" for k, v in self.extra.items()]
         self.learner = self._spawn(
@@ -126,7 +138,7 @@ class SoakRun:
              f"--server_address={self.address}", f"--num_actors={self.options.num_actors}",
              f"--checkpoint_interval_s={self.options.checkpoint_interval_s}",
              f"--log_interval_s={self.options.log_interval_s}", "--total_environment_frames=1e12", *extra],
-            f"learner.{self.learner_number}.log")
+            f"learner.{self.learner_number}.log", environment)
         self.learner_expected_exit = False
 
     def start_actor(self, index: int) -> None:
@@ -164,7 +176,10 @@ class SoakRun:
                                                     self.learner_number))
 
     def check_processes(self) -> None:
-        """Counts and restarts processes that exited without being told to (crashes)."""
+        """Counts and restarts processes that exited without being told to (crashes); the learner that the sink
+        fault ends is restarted at once and not counted."""
+        if self._sink_fault_exit():
+            return
         if self.learner is not None and self.learner.poll() is not None and not self.learner_expected_exit:
             self.learner_crashes.append(f"learner {self.learner_number} exited with {self.learner.returncode} "
                                         f"at {self.now():.1f}s")
@@ -218,6 +233,9 @@ class SoakRun:
             self.read_metrics()
 
     def _inject(self, fault: Fault, timers: list) -> None:
+        if fault.kind == "sink":  # armed when the learner was restarted; it fires inside the learner
+            self.events.append({"t_s": round(self.now(), 2), "event": "sink fault due", "learner": self.learner_number})
+            return
         if fault.kind == "learner":
             self.kill_learner()
             timers.append((self.now() + 1.0, self._restart_learner))
@@ -234,13 +252,44 @@ class SoakRun:
 
         timers.append((self.now() + self.options.stop_s, resume))
 
-    def _restart_learner(self) -> None:
+    def _sink_fault_exit(self) -> bool:
+        """If the learner armed with the sink fault exited: record how and restart it (local.sh's policy)."""
+        armed = self.sink_fault.get("learner")
+        if armed != self.learner_number or self.learner.poll() is None or "exited_at_s" in self.sink_fault:
+            return False
+        output = self.learner_output()
+        self.sink_fault.update(exited_at_s=round(self.now(), 2), exit_code=self.learner.returncode,
+                               traceback_logged="Traceback" in output and "InjectedFault" in output,
+                               thread_named="thread 'experience-sink' died" in output)
+        self.events.append({"t_s": round(self.now(), 2), "event": "exit", "learner": self.learner_number,
+                            "code": self.learner.returncode})
         self.start_learner()
+        self.sink_fault["restarted_at_s"] = round(self.now(), 2)
+        self.sink_fault["restarted_learner"] = self.learner_number
+        self.events.append({"t_s": round(self.now(), 2), "event": "start", "learner": self.learner_number})
+        return True
+
+    def _restart_learner(self) -> None:
+        sink = next((f for f in self.faults if f.kind == "sink"), None)
+        environment = None
+        if sink is not None:
+            # Armed in the restarted learner, due at the sink fault's slot.
+            environment = {SINK_FAULT_ENV: f"{max(1.0, sink.t_s - self.now()):.1f}"}
+            self.sink_fault["learner"] = self.learner_number + 1
+        self.start_learner(environment)
         self.restart["restarted_at_s"] = round(self.now(), 2)
         self.events.append({"t_s": round(self.now(), 2), "event": "start", "learner": self.learner_number})
 
     def _watch_restart(self) -> None:
         """After the restart: when the learner resumed, and when each surviving actor connected again."""
+        if (self.sink_fault.get("learner") == self.learner_number and "died_at_s" not in self.sink_fault
+                and "thread 'experience-sink' died" in self.learner_output()):
+            self.sink_fault["died_at_s"] = round(self.now(), 2)  # to the 0.2 s polling period
+        if "restarted_learner" in self.sink_fault and "resumed_at_s" not in self.sink_fault:
+            match = RESUMED.search(self.learner_output(self.sink_fault["restarted_learner"]))
+            if match:
+                self.sink_fault["resumed"] = [int(match.group(i).replace(",", "")) for i in (1, 2)]
+                self.sink_fault["resumed_at_s"] = round(self.now(), 2)
         if "restarted_at_s" not in self.restart:
             return
         if "resumed" not in self.restart:
@@ -268,7 +317,9 @@ class SoakRun:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait()
-        if self.learner.returncode != 0:
+        # A learner SIGTERMed while still starting (its handlers not yet installed) was stopped, not crashed.
+        starting = self.learner.returncode == -signal.SIGTERM and "listening on" not in self.learner_output()
+        if self.learner.returncode != 0 and not starting:
             self.learner_crashes.append(f"learner {self.learner_number} exited with {self.learner.returncode} "
                                         "on SIGTERM at the end")
 
@@ -280,8 +331,10 @@ class SoakRun:
         faults = []
         ends = [f.t_s for f in self.faults[1:]] + [options.duration_s]
         for fault, until in zip(self.faults, ends, strict=True):
-            pre = analysis.pre_fault_fps(self.samples, fault.t_s, pre_window)
-            recovered = (analysis.recovery_s(self.samples, fault.t_s, until, pre, options.log_interval_s,
+            # The sink fault fires inside the learner a little after its slot: count from when it died.
+            t_s = self.sink_fault.get("died_at_s", fault.t_s) if fault.kind == "sink" else fault.t_s
+            pre = analysis.pre_fault_fps(self.samples, t_s, pre_window)
+            recovered = (analysis.recovery_s(self.samples, t_s, until, pre, options.log_interval_s,
                                              options.recovery_fraction) if pre else None)
             entry = {"t_s": fault.t_s, "kind": fault.kind, "pre_fault_fps": round(pre, 1) if pre else None,
                      "recovery_s": recovered}
@@ -294,12 +347,14 @@ class SoakRun:
             "learner_crashes": len(self.learner_crashes), "learner_crash_details": self.learner_crashes,
             "actor_crashes": len(self.actor_crashes), "actor_crash_details": self.actor_crashes,
             "injected": {"actor_sigkills": sum(f.kind == "actors" for f in self.faults),
-                         "actor_sigstops": sum(f.kind == "actors" for f in self.faults), "learner_sigkills": 1},
+                         "actor_sigstops": sum(f.kind == "actors" for f in self.faults), "learner_sigkills": 1,
+                         "sink_exceptions": sum(f.kind == "sink" for f in self.faults)},
             "faults": faults,
             "recovery_s_max": max((r for r in recoveries if r is not None), default=None),
             "recovery_s_mean": (round(sum(r for r in recoveries if r is not None) / max(1, len(recoveries)), 2)),
             "all_recovered": all(r is not None for r in recoveries),
             "learner_restart": self._restart_report(pre_window),
+            "sink_fault": self._sink_fault_report(faults),
             "actor_connections": {i: self.connections(i) for i in range(options.num_actors)},
             "return": analysis.return_trend(self.samples),
             "env_frames": self.samples[-1].env_frames if self.samples else 0,
@@ -308,6 +363,20 @@ class SoakRun:
             "events": self.events,
         }
         return report
+
+    def _sink_fault_report(self, faults: list[dict[str, Any]]) -> dict[str, Any] | None:
+        """The sink fault: when it was due, how long the learner took to exit (and how), the restart, the resume
+        and the recovery time (FPS back to the recovery fraction, counted from when the fault was due)."""
+        fault = next((f for f in faults if f["kind"] == "sink"), None)
+        if fault is None:
+            return None
+        out = {key: self.sink_fault.get(key) for key in ("exit_code", "traceback_logged", "thread_named", "died_at_s",
+                                                         "exited_at_s", "restarted_at_s", "resumed_at_s", "resumed")}
+        out["due_at_s"] = fault["t_s"]
+        died, exited = self.sink_fault.get("died_at_s"), self.sink_fault.get("exited_at_s")
+        out["exit_after_death_s"] = round(exited - died, 2) if None not in (died, exited) else None
+        out["recovery_s"] = fault["recovery_s"]  # from died_at_s to FPS back at the recovery fraction
+        return out
 
     def _restart_report(self, pre_window: float) -> dict[str, Any]:
         restart = self.restart
@@ -345,6 +414,12 @@ def check(report: dict[str, Any], options: SoakOptions) -> list[str]:
                             f"{restart.get('lost_train_steps')} train steps, expected at most "
                             f"{restart.get('max_lost_env_frames')} / {restart.get('max_lost_train_steps')} "
                             f"(one checkpoint interval)")
+        sink = run.get("sink_fault")
+        if sink is not None and not (sink["exit_code"] not in (None, 0) and sink["traceback_logged"]
+                                     and sink["resumed"] and sink["exit_after_death_s"] is not None
+                                     and sink["exit_after_death_s"] <= SINK_EXIT_BOUND_S):
+            problems.append(f"{env}: sink fault: got {sink}, expected a non-zero exit with the traceback logged "
+                            f"within {SINK_EXIT_BOUND_S:.0f}s of the thread's death and a resumed learner")
         if restart["actors_reconnected"] != restart["actors_expected"]:
             problems.append(f"{env}: actors reconnected after the learner restart: got "
                             f"{restart['actors_reconnected']}, expected {restart['actors_expected']}")
@@ -405,6 +480,10 @@ def main(argv: list[str]) -> None:
         json.dump(report, f, indent=1)
     for env, run in report["runs"].items():
         restart = run["learner_restart"]
+        sink = run.get("sink_fault") or {}
+        print(f"[soak] {env}: sink fault: exit {sink.get('exit_code')} {sink.get('exit_after_death_s')}s after the "
+              f"sink died, "
+              f"recovery_s={sink.get('recovery_s')}", flush=True)
         print(f"[soak] {env}: learner_crashes={run['learner_crashes']} recovery_s_max={run['recovery_s_max']} "
               f"lost_frames={restart.get('lost_env_frames')} lost_train_steps={restart.get('lost_train_steps')} "
               f"reconnected={restart['actors_reconnected']}/{restart['actors_expected']} "
