@@ -1,5 +1,6 @@
 """R2D2 agent on the real inference path: burn-in alignment, eval envs, defaults, a training step."""
 
+import copy
 import json
 import subprocess
 import sys
@@ -135,3 +136,40 @@ def test_checkpoint_keeps_target_network_and_optionally_the_replay(tmp_path):
 
     without = Learner(_config(tmp_path, checkpoint_replay=False, replay_ratio=1.0))
     assert without.experience.replay.size == 0  # the replay refills after a restart
+
+
+def _meta_act(agent, network, env_ids):
+    """`act` on the meta device: a device of its own that a CPU-only machine has (shapes only, no data)."""
+    from seed.inference import InferenceBatch
+
+    b = len(env_ids)
+    batch = InferenceBatch(torch.tensor(env_ids, device="meta"), torch.zeros(b, 8, device="meta"),
+                           torch.zeros(b, device="meta"), torch.zeros(b, dtype=torch.bool, device="meta"),
+                           torch.zeros(b, dtype=torch.int64, device="meta"))
+    state = {k: v.to("meta") for k, v in agent.initial_state(b).items()}
+    return agent.act(copy.deepcopy(network).to("meta"), batch, state)
+
+
+def test_each_inference_device_reads_its_own_epsilons(tmp_path):
+    """Two inference devices share one agent. Each reads epsilons that live on its own device, and acting on
+    another device never replaces the tensor a device (or a CUDA graph captured on it) reads."""
+    learner = _learner(_config(tmp_path, inference_devices="cpu,cpu"))
+    agent, (first, second) = learner.agent, learner.inferences
+    host = agent.epsilons
+    for g in range(2):  # actor a is served by device a % 2
+        serve_steps(first, [_request(0, g)])
+        serve_steps(second, [_request(1, g)])
+    for inference in learner.inferences:
+        epsilons = agent.epsilons_on(inference.device)
+        assert epsilons.device == inference.device
+        torch.testing.assert_close(epsilons, host)
+    on_first = agent.epsilons_on(first.device)
+    address = on_first.data_ptr()
+    # A second kind of device acts in between (meta stands in for another accelerator).
+    assert _meta_act(agent, first.network, [0, 1]).action.device.type == "meta"
+    assert agent.epsilons_on(torch.device("meta")).device.type == "meta"
+    serve_steps(second, [_request(1, 2)])
+    serve_steps(first, [_request(0, 2)])
+    assert agent.epsilons is host and host.device.type == "cpu"  # the host copy is never rebound
+    assert agent.epsilons_on(first.device) is on_first and on_first.data_ptr() == address
+    assert on_first.device == first.device
