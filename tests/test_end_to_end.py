@@ -94,8 +94,7 @@ def test_restarted_learner_resumes_from_checkpoint(processes, tmp_path):
     logdir = str(tmp_path / "run")
     address = f"unix:{tmp_path}/learner.sock"
     first = processes.learner(_learner_args(logdir, address), "learner1")
-    for i in range(2):
-        processes.actor(_actor_args(address, i), f"actor{i}")
+    actors = [processes.actor(_actor_args(address, i), f"actor{i}") for i in range(2)]
     wait_for(lambda: _trained(logdir, 20), 90, "training", on_timeout=lambda: processes.output(first))
     start = time.monotonic()
     first.send_signal(signal.SIGTERM)
@@ -111,6 +110,9 @@ def test_restarted_learner_resumes_from_checkpoint(processes, tmp_path):
     resumed = [r for r in rows if r["time_s"] < rows[-1]["time_s"] + 1][-1]
     assert resumed["env_frames"] > before["env_frames"]
     assert resumed["train_steps"] > before["train_steps"]
+    # A new learner is not a newer actor: no live actor was told it is superseded.
+    for actor in actors:
+        assert actor.poll() is None and "superseded" not in processes.output(actor), processes.output(actor)
 
 
 def test_each_inference_device_serves_its_actors(tmp_path):
