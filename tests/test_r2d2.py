@@ -268,8 +268,8 @@ def _hand_batch(with_burn_in=0):
         "prev_action": torch.zeros(3, 2, dtype=torch.int64),
     }
     if with_burn_in:  # steps in front that only the burn-in sees: garbage that must not count
-        steps = {k: torch.cat([torch.full_like(v[:1], 7).repeat(with_burn_in, *[1] * (v.dim() - 1)), v])
-                 for k, v in steps.items()}
+        garbage = lambda v: torch.full_like(v[:1], 1 if v.dtype == torch.int64 else 7)  # a valid action index
+        steps = {k: torch.cat([garbage(v).repeat(with_burn_in, *[1] * (v.dim() - 1)), v]) for k, v in steps.items()}
     return Unroll(steps, {}, torch.tensor([0, 1]))
 
 
