@@ -3,9 +3,12 @@
 One process, one bidirectional gRPC stream. Each step sends the K envs' single frames, rewards, dones and
 truncations and finished-episode stats, waits for K actions and steps the envs (finished envs are reset at
 once; their new first frame goes out with done=True). When the learner goes away the actor reconnects
-with exponential backoff and a new run id (its envs restart their episodes); a rejected handshake
-(INVALID_ARGUMENT) or a wrong token (UNAUTHENTICATED) is a configuration error and ends the actor. SIGTERM ends
-it cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
+with exponential backoff (reset after a connection that streamed) and a new run id (its envs restart their
+episodes); a rejected handshake (INVALID_ARGUMENT) or a wrong token (UNAUTHENTICATED) is a configuration error
+and ends the actor. A newer actor run that handshakes with this actor's index takes the index over (that is
+how a restarted actor replaces its dead predecessor); if this actor is still alive, its stream ends with
+`wire.SUPERSEDED` and the actor ends too, rather than evicting the newer one in turn. SIGTERM ends it
+cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
 call's metadata (seed/transport/).
 """
 
@@ -33,6 +36,30 @@ log = logging.getLogger(__name__)
 
 class ConfigurationError(RuntimeError):
     """The learner rejected this actor (e.g. a different env spec): retrying cannot help."""
+
+
+class SupersededError(RuntimeError):
+    """A newer actor run took over this actor's index while this one was alive: reconnecting would evict it."""
+
+
+class ReconnectBackoff:
+    """The wait before each reconnection: starts at `initial_s`, doubles after every connection that failed
+    without streaming, up to `max_s`, and starts over after a connection that streamed (a step was answered),
+    so a learner restarted after hours of training is rejoined at once, not after the longest wait."""
+
+    def __init__(self, initial_s: float, max_s: float):
+        if not 0 < initial_s:
+            raise ValueError(f"initial_s: got {initial_s}, expected > 0")
+        self.initial_s, self.max_s = initial_s, max(max_s, initial_s)
+        self._next_s = initial_s
+
+    def after_failure(self, streamed: bool) -> float:
+        """Seconds to wait after a connection ended in an error; `streamed`: it had a step answered."""
+        if streamed:
+            self._next_s = self.initial_s
+        delay = self._next_s
+        self._next_s = min(self._next_s * 2, self.max_s)
+        return delay
 
 
 class _Stream:
@@ -85,21 +112,25 @@ class Actor:
             stream.cancel()
 
     def run(self) -> None:
-        backoff = 0.1
+        """Serves the learner until `stop`. Raises ConfigurationError (rejected by the learner) or
+        SupersededError (a newer actor run took over this actor's index)."""
+        backoff = ReconnectBackoff(0.1, self.config.reconnect_max_backoff_s)
         try:
             while not self.stop.is_set():
+                steps_before = self.agent_steps
                 try:
                     self._run_connection()
-                    backoff = 0.1
                 except grpc.RpcError as error:
                     if self.stop.is_set():
                         break
                     if error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
                         raise ConfigurationError(error.details()) from None
+                    if error.code() == wire.SUPERSEDED:
+                        raise SupersededError(error.details()) from None
+                    delay = backoff.after_failure(streamed=self.agent_steps > steps_before)
                     print(f"[actor {self.config.actor_index}] learner unavailable ({error.code().name}: "
-                          f"{error.details()}); reconnecting in {backoff:.1f}s", flush=True)
-                    self.stop.wait(backoff)
-                    backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+                          f"{error.details()}); reconnecting in {delay:.1f}s", flush=True)
+                    self.stop.wait(delay)
         finally:
             self.stats.write(final=True)
             self.envs.close()

@@ -14,6 +14,8 @@ from absl import app, flags
 from seed.config import ActorConfig, build_config, define_flags, explicit_flags
 from seed.presets import fields_of, preset
 
+SUPERSEDED_EXIT_CODE = 3  # a newer actor run took over this actor's index (2: the learner rejected the actor)
+
 
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
@@ -29,7 +31,7 @@ def main(argv: list[str]) -> None:
     if config.actor_index < 0:
         print(f"seed-actor: --actor_index: got {config.actor_index}, expected >= 0", file=sys.stderr)
         sys.exit(2)
-    from seed.actor import Actor, ConfigurationError
+    from seed.actor import Actor, ConfigurationError, SupersededError
     from seed.transport import TransportConfigError
 
     try:
@@ -44,6 +46,10 @@ def main(argv: list[str]) -> None:
     except ConfigurationError as error:
         print(f"seed-actor: the learner rejected this actor: {error}", file=sys.stderr)
         sys.exit(2)
+    except SupersededError as error:
+        print(f"seed-actor: --actor_index={config.actor_index}: another actor took over this index; exiting "
+              f"instead of reconnecting ({error})", file=sys.stderr)
+        sys.exit(SUPERSEDED_EXIT_CODE)
     print(f"[actor {config.actor_index}] stopped after {actor.agent_steps:,} agent steps", flush=True)
 
 

@@ -3,9 +3,10 @@
 Every flag goes to the learner; the flags an actor understands (env flags) go to the actors too. Actors
 talk to the learner over a unix socket in the logdir unless `--server_address` says otherwise. The launcher
 waits until the learner serves (gRPC health check) before it starts actors and counts their failures; it
-restarts a crashed actor, restarts a learner that exits non-zero (e.g. a helper thread died; it resumes from its
-newest checkpoint and the actors reconnect by themselves) up to MAX_LEARNER_RESTARTS times, stops every child on
-exit, Ctrl-C or SIGTERM, and exits with the learner's status.
+restarts a crashed actor (not one that another actor with its index superseded), restarts a learner that exits
+non-zero (e.g. a helper thread died; it resumes from its newest checkpoint and the actors reconnect by
+themselves) up to MAX_LEARNER_RESTARTS times, stops every child on exit, Ctrl-C or SIGTERM, and exits with the
+learner's status.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from seed.actor_main import SUPERSEDED_EXIT_CODE
 from seed.config import ActorConfig, LearnerConfig
 
 MAX_ACTOR_RESTARTS = 20
@@ -140,6 +142,7 @@ def main(argv: list[str]) -> int:
         actors = [start_actor(i) for i in range(config.num_actors)]
         print(f"[local] started {config.num_actors} actors x {config.envs_per_actor} envs on {address}", flush=True)
         restarts = learner_restarts = 0
+        superseded: set[int] = set()
         while not stopping:
             time.sleep(0.5)
             code = learner.poll()
@@ -157,11 +160,16 @@ def main(argv: list[str]) -> int:
                 continue
             for index, actor in enumerate(actors):
                 code = actor.poll()
-                if code is None or learner.poll() is not None or stopping:
+                if code is None or index in superseded or learner.poll() is not None or stopping:
                     continue
                 if code == 2:  # the learner rejected the actor's configuration: restarting cannot help
                     print(f"[local] actor {index} was rejected (exit 2); stopping", file=sys.stderr, flush=True)
                     return 2
+                if code == SUPERSEDED_EXIT_CODE:  # a restart would evict the newer actor that took the index
+                    print(f"[local] actor {index} was superseded by another actor with --actor_index={index} "
+                          f"(exit {code}); not restarting it", file=sys.stderr, flush=True)
+                    superseded.add(index)
+                    continue
                 restarts += 1
                 if restarts > MAX_ACTOR_RESTARTS:
                     print(f"[local] actors failed {restarts} times; stopping", file=sys.stderr, flush=True)

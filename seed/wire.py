@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import grpc
 import numpy as np
 
 from seed._proto import seed_pb2
@@ -17,6 +18,12 @@ from seed.envs.base import EnvSpec, EpisodeStats
 
 if TYPE_CHECKING:  # torch is imported lazily: the serving process and the actors never need it
     import torch
+
+
+# The status that ends a stream whose actor index a newer handshake took over while the stream was alive
+# (protos/seed.proto): the actor must exit instead of reconnecting, or two live actors of one index would
+# evict each other for ever. gRPC never produces this code by itself.
+SUPERSEDED = grpc.StatusCode.FAILED_PRECONDITION
 
 
 class WireError(ValueError):

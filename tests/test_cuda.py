@@ -114,3 +114,46 @@ def test_training_step_on_cuda_matches_cpu(agent_name):
         torch.testing.assert_close(gpu_grad, cpu_grad, rtol=1e-3, atol=1e-5)
     for cpu_param, gpu_param in zip(cpu_params, gpu_params, strict=True):
         torch.testing.assert_close(gpu_param, cpu_param, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2,
+                    reason=f"needs two CUDA GPUs (torch.cuda.device_count() is {torch.cuda.device_count()})")
+def test_r2d2_graph_on_one_device_survives_inference_on_another():
+    """One agent serves two GPUs. A graph captured on cuda:0 keeps reading cuda:0's epsilons after cuda:1
+    acted and cuda:0's freed memory was reused: greedy epsilons (all zero) keep its actions equal to eager."""
+    from seed.policy import EagerPolicy, GraphedPolicy, PolicyInputs
+    from seed.state_table import StateTable
+
+    agent, spec, config = _agent("r2d2")
+    agent.epsilons = torch.zeros(config.num_envs)  # greedy everywhere
+    devices = [torch.device("cuda:0"), torch.device("cuda:1")]
+    networks = [copy.deepcopy(agent.network).to(d).eval() for d in devices]
+    tables = [StateTable(agent.initial_state, config.num_envs, d) for d in devices]
+    graphed = GraphedPolicy(agent, networks[0], tables[0], devices[0], config.envs_per_actor)
+    eager_first = EagerPolicy(agent, networks[0], StateTable(agent.initial_state, config.num_envs, devices[0]),
+                              devices[0])
+    other = EagerPolicy(agent, networks[1], tables[1], devices[1])
+    rng = np.random.default_rng(0)
+    env_ids = torch.arange(config.num_envs)
+
+    def inputs(first: bool) -> PolicyInputs:
+        b = config.num_envs
+        return PolicyInputs(
+            observation=torch.from_numpy(rng.integers(0, 256, (b, *spec.observation_shape), dtype=np.uint8)),
+            env_ids=env_ids, prev_action=torch.from_numpy(rng.integers(0, spec.num_actions, b)),
+            reward=torch.from_numpy(rng.normal(size=b).astype(np.float32)),
+            done=torch.ones(b, dtype=torch.bool) if first else torch.zeros(b, dtype=torch.bool))
+
+    step = inputs(True)
+    assert torch.equal(graphed(step)[0], eager_first(step)[0])  # captured on cuda:0
+    on_first = agent.epsilons_on(devices[0])
+    other(inputs(True))  # cuda:1 acts: it must not move or free cuda:0's epsilons
+    torch.cuda.synchronize(devices[0])
+    torch.cuda.empty_cache()
+    filler = [torch.ones(config.num_envs, device=devices[0]) for _ in range(64)]  # reuse freed blocks
+    assert agent.epsilons_on(devices[0]) is on_first and on_first.device == devices[0]
+    assert agent.epsilons_on(devices[1]).device == devices[1]
+    for _ in range(4):
+        step = inputs(False)
+        assert torch.equal(graphed(step)[0], eager_first(step)[0])
+    del filler

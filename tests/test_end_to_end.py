@@ -111,8 +111,7 @@ def test_restarted_learner_resumes_from_checkpoint(processes, tmp_path):
     logdir = str(tmp_path / "run")
     address = f"unix:{tmp_path}/learner.sock"
     first = processes.learner(_learner_args(logdir, address), "learner1")
-    for i in range(2):
-        processes.actor(_actor_args(address, i), f"actor{i}")
+    actors = [processes.actor(_actor_args(address, i), f"actor{i}") for i in range(2)]
     wait_for(lambda: _trained(logdir, 20), 90, "training", on_timeout=lambda: processes.output(first))
     start = time.monotonic()
     first.send_signal(signal.SIGTERM)
@@ -128,6 +127,9 @@ def test_restarted_learner_resumes_from_checkpoint(processes, tmp_path):
     wait_for(lambda: _trained(logdir, before["train_steps"] + 5), 90, "training after the restart",
              on_timeout=lambda: processes.output(second))
     assert_resumed(processes.output(second), logdir, saved, rows_before)
+    # A new learner is not a newer actor: no live actor was told it is superseded.
+    for actor in actors:
+        assert actor.poll() is None and "superseded" not in processes.output(actor), processes.output(actor)
     second.send_signal(signal.SIGTERM)
     assert second.wait(timeout=30) == 0
     assert_optimizer_continued(logdir)

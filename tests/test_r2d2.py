@@ -1,6 +1,8 @@
 """R2D2 agent on the real inference path: burn-in alignment, eval envs, defaults, a training step."""
 
+import copy
 import json
+import math
 import subprocess
 import sys
 
@@ -99,6 +101,29 @@ def test_training_step_updates_priorities_and_target_copy(tmp_path):
     assert all(torch.equal(learner.agent.network.state_dict()[k], target[k]) for k in online)
 
 
+
+def test_training_step_writes_each_sequence_priority_to_its_own_replay_slot(tmp_path):
+    learner = _learner(_config(tmp_path, replay_ratio=1.0))
+    for g in range(20):
+        serve_steps(learner.inference, [_request(0, g), _request(1, g)])
+    replay = learner.experience.replay
+    slots = np.arange(replay.capacity)
+    before = replay.tree.get(slots).copy()
+    seen = []
+    loss = learner.agent.loss
+    learner.agent.loss = lambda batch: seen.append((batch, loss(batch))) or seen[-1][1]
+    assert learner.train_step()
+    (batch, out), = seen
+    sampled = np.asarray(batch.replay_indices)
+    priorities = out.priorities.detach().double().numpy()
+    assert len(np.unique(sampled)) > 1 and len(np.unique(priorities.round(6))) > 1  # a mix-up would show
+    after = replay.tree.get(slots)
+    # Sequence b's new priority lands in slot sampled[b] (as p^alpha); every other slot keeps its own.
+    np.testing.assert_allclose(after[sampled], priorities ** replay.alpha, rtol=1e-6)
+    untouched = np.setdiff1d(slots, sampled)
+    np.testing.assert_array_equal(after[untouched], before[untouched])
+
+
 def test_atari_defaults_are_paper_table_8():
     out = subprocess.run([sys.executable, "-m", "seed.learner_main", "--agent=r2d2", "--env=atari:Pong",
                           "--print_config"], capture_output=True, text=True, check=True)
@@ -135,3 +160,162 @@ def test_checkpoint_keeps_target_network_and_optionally_the_replay(tmp_path):
 
     without = Learner(_config(tmp_path, checkpoint_replay=False, replay_ratio=1.0))
     assert without.experience.replay.size == 0  # the replay refills after a restart
+
+
+def _meta_act(agent, network, env_ids):
+    """`act` on the meta device: a device of its own that a CPU-only machine has (shapes only, no data)."""
+    from seed.inference import InferenceBatch
+
+    b = len(env_ids)
+    batch = InferenceBatch(torch.tensor(env_ids, device="meta"), torch.zeros(b, 8, device="meta"),
+                           torch.zeros(b, device="meta"), torch.zeros(b, dtype=torch.bool, device="meta"),
+                           torch.zeros(b, dtype=torch.int64, device="meta"))
+    state = {k: v.to("meta") for k, v in agent.initial_state(b).items()}
+    return agent.act(copy.deepcopy(network).to("meta"), batch, state)
+
+
+def test_each_inference_device_reads_its_own_epsilons(tmp_path):
+    """Two inference devices share one agent. Each reads epsilons that live on its own device, and acting on
+    another device never replaces the tensor a device (or a CUDA graph captured on it) reads."""
+    learner = _learner(_config(tmp_path, inference_devices="cpu,cpu"))
+    agent, (first, second) = learner.agent, learner.inferences
+    host = agent.epsilons
+    for g in range(2):  # actor a is served by device a % 2
+        serve_steps(first, [_request(0, g)])
+        serve_steps(second, [_request(1, g)])
+    for inference in learner.inferences:
+        epsilons = agent.epsilons_on(inference.device)
+        assert epsilons.device == inference.device
+        torch.testing.assert_close(epsilons, host)
+    on_first = agent.epsilons_on(first.device)
+    address = on_first.data_ptr()
+    # A second kind of device acts in between (meta stands in for another accelerator).
+    assert _meta_act(agent, first.network, [0, 1]).action.device.type == "meta"
+    assert agent.epsilons_on(torch.device("meta")).device.type == "meta"
+    serve_steps(second, [_request(1, 2)])
+    serve_steps(first, [_request(0, 2)])
+    assert agent.epsilons is host and host.device.type == "cpu"  # the host copy is never rebound
+    assert agent.epsilons_on(first.device) is on_first and on_first.data_ptr() == address
+    assert on_first.device == first.device
+
+
+def _h(x, eps):
+    """Value rescaling written out by hand: h(x) = sign(x) (sqrt(|x| + 1) - 1) + eps x."""
+    return math.copysign(math.sqrt(abs(x) + 1.0) - 1.0, x) + eps * x
+
+
+def _tiny_agent(tmp_path, **overrides):
+    from seed.envs import make_spec
+
+    values = dict(burn_in=0, unroll_length=3, n_steps=2, discounting=0.5, value_rescaling_epsilon=1e-3,
+                  priority_eta=0.5)
+    values.update(overrides)
+    return Agent(make_spec("fake:vector"), _config(tmp_path, **values))
+
+
+def test_targets_are_double_q_rescaled_n_step_returns_masked_by_validity(tmp_path):
+    eps = 1e-3
+    agent = _tiny_agent(tmp_path, n_steps=2, discounting=0.5, value_rescaling_epsilon=eps)
+    # T + 1 = 4 steps, one sequence, 3 actions. The online net picks actions 0, 1, 0, 1; the target net
+    # prefers action 2 everywhere, with values (before rescaling) far from those the online net picks.
+    values = torch.tensor([[1.0, 2.0, 50.0], [3.0, 4.0, 60.0], [5.0, 6.0, 70.0], [7.0, 8.0, 80.0]],
+                          dtype=torch.float64)
+    q_target = values.apply_(lambda v: _h(v, eps)).unsqueeze(1)  # [4, 1, 3]
+    online_choice = [0, 1, 0, 1]
+    q_online = torch.zeros(4, 1, 3, dtype=torch.float64)
+    for t, a in enumerate(online_choice):
+        q_online[t, 0, a] = 1.0
+    bootstrap = [1.0, 4.0, 5.0, 8.0]  # target values at the online argmax: double Q
+    segment = {"reward": torch.tensor([[0.0], [1.0], [2.0], [3.0]], dtype=torch.float64),
+               "done": torch.zeros(4, 1, dtype=torch.bool), "truncated": torch.zeros(4, 1, dtype=torch.bool),
+               "valid": torch.tensor([[False], [True], [True], [True]])}  # step 0 is padding
+    targets, mask = agent._targets(q_online, q_target, segment)
+    expected = [1 + 0.5 * 2 + 0.25 * bootstrap[2],  # rewards at steps 1, 2, then V(s2)
+                2 + 0.5 * 3 + 0.25 * bootstrap[3],
+                3 + 0.5 * bootstrap[3]]  # the segment ends: a 1-step horizon
+    assert targets[:, 0].tolist() == pytest.approx([_h(x, eps) for x in expected], rel=1e-9)
+    assert mask[:, 0].tolist() == [False, True, True]  # transition 0 starts on padding: no target
+
+
+class _QFromObservation(torch.nn.Module):
+    """A stand-in Q-network whose Q-values [T, B, A] are its observations: every value is set by hand."""
+
+    def __init__(self):
+        super().__init__()
+        self.scale = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, observation, prev_action, reward, done, state):
+        return observation * self.scale, state
+
+
+def _hand_batch(with_burn_in=0):
+    """Two sequences of T + 1 = 3 steps, A = 2, n = 1, discount 0.5, no value rescaling (eps = 0), so that
+    h(x) = sqrt(x + 1) - 1 and h^-1(1) = 3, h^-1(2) = 8, h(3) = 1.
+
+    Sequence 0: Q = [.5, 0], [1, 0], [0, 1]; rewards 1.5, 1.5; actions 0, 1.
+      targets: 1.5 + .5 h^-1(1) = 3 -> 1 for both transitions; taken Q: .5, 0 -> td = .5, 1.
+    Sequence 1: step 0 is padding (valid False); Q = [5, 0], [2, 0], [1, 0]; rewards 100, 3 (terminal: done
+      at step 2); actions 0, 0. Transition 0 is masked out; transition 1: target h(3) = 1, taken 2 -> td = -1.
+    """
+    q = torch.tensor([[[0.5, 0.0], [5.0, 0.0]], [[1.0, 0.0], [2.0, 0.0]], [[0.0, 1.0], [1.0, 0.0]]])
+    steps = {
+        "observation": q, "q_values": q.clone(),
+        "reward": torch.tensor([[0.0, 0.0], [1.5, 100.0], [1.5, 3.0]]),
+        "done": torch.tensor([[False, False], [False, False], [False, True]]),
+        "truncated": torch.zeros(3, 2, dtype=torch.bool),
+        "valid": torch.tensor([[True, False], [True, True], [True, True]]),
+        "action": torch.tensor([[0, 0], [1, 0], [0, 0]]),
+        "prev_action": torch.zeros(3, 2, dtype=torch.int64),
+    }
+    if with_burn_in:  # steps in front that only the burn-in sees: garbage that must not count
+        garbage = lambda v: torch.full_like(v[:1], 1 if v.dtype == torch.int64 else 7)  # a valid action index
+        steps = {k: torch.cat([garbage(v).repeat(with_burn_in, *[1] * (v.dim() - 1)), v]) for k, v in steps.items()}
+    return Unroll(steps, {}, torch.tensor([0, 1]))
+
+
+def test_loss_weights_each_sequence_and_ignores_masked_steps(tmp_path):
+    agent = _tiny_agent(tmp_path, unroll_length=2, n_steps=1, discounting=0.5, value_rescaling_epsilon=0.0,
+                        priority_eta=0.5)
+    agent.network = _QFromObservation()
+    agent.target_network = _QFromObservation().requires_grad_(False)
+    from seed.unroll import TrainingBatch
+
+    out = agent.loss(TrainingBatch(_hand_batch(), importance_weights=torch.tensor([0.25, 1.0])))
+    per_sequence = [0.5 * (0.5 ** 2 + 1.0 ** 2), 0.5 * 1.0 ** 2]
+    assert out.loss.item() == pytest.approx((0.25 * per_sequence[0] + 1.0 * per_sequence[1]) / 2)
+    # Priorities: eta max|td| + (1 - eta) mean|td| over the valid transitions only.
+    assert out.priorities.tolist() == pytest.approx([0.5 * 1.0 + 0.5 * 0.75, 0.5 * 1.0 + 0.5 * 1.0])
+    assert out.metrics["td/abs_mean"] == pytest.approx((0.5 + 1.0 + 1.0) / 3)
+    # The gradient flows through the taken Q-values only: d loss / d scale = mean_b w_b sum_t -td_t Q_taken.
+    out.loss.backward()
+    expected_grad = (0.25 * -(0.5 * 0.5 + 1.0 * 0.0) + 1.0 * -(-1.0 * 2.0)) / 2
+    assert agent.network.scale.grad.item() == pytest.approx(expected_grad)
+
+
+def test_initial_priorities_use_the_stored_q_values_after_the_burn_in(tmp_path):
+    agent = _tiny_agent(tmp_path, burn_in=1, unroll_length=2, n_steps=1, discounting=0.5,
+                        value_rescaling_epsilon=0.0, priority_eta=0.9)
+    batch = _hand_batch(with_burn_in=1)
+    unrolls = [Unroll({k: v[:, b] for k, v in batch.steps.items()}, {}, batch.env_id[b]) for b in range(2)]
+    priorities = agent.initial_priorities(unrolls)
+    # |td| = (.5, 1) and (masked, 1): eta max + (1 - eta) mean over the valid transitions.
+    assert priorities.tolist() == pytest.approx([0.9 * 1.0 + 0.1 * 0.75, 0.9 * 1.0 + 0.1 * 1.0])
+
+
+def test_act_explores_with_each_env_ids_own_epsilon(tmp_path, monkeypatch):
+    from seed.inference import InferenceBatch
+
+    agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
+                        epsilon_alpha=7.0, eval_epsilon=0.01)
+    # 3 training envs: 0.4^(1 + 7 i / 2) for i = 0, 1, 2; env 3 is the eval env; row 4 is a padded row past
+    # the last env id (it gets the last epsilon).
+    epsilons = [0.4, 0.4 ** 4.5, 0.4 ** 8, 0.01, 0.01]
+    env_ids = torch.tensor([0, 1, 2, 3, 4])
+    batch = InferenceBatch(env_ids, torch.tensor([[1.0, 0.0]] * 5), torch.zeros(5), torch.zeros(5, dtype=torch.bool),
+                           torch.zeros(5, dtype=torch.int64))
+    monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
+    for factor, explores in ((0.99, True), (1.01, False)):  # a draw just under / just over each env's epsilon
+        draws = torch.tensor(epsilons) * factor
+        monkeypatch.setattr(torch, "rand", lambda n, device=None, draws=draws: draws[:n].clone())
+        action = agent.act(_QFromObservation(), batch, {}).action
+        assert action.tolist() == [1 if explores else 0] * 5, (factor, action.tolist())

@@ -100,3 +100,11 @@ def test_epsilon_schedule_values():
     assert np.all(np.diff(eps[:8]) < 0)
     with pytest.raises(ValueError, match="num_eval_envs: got 4"):
         epsilon_schedule(4, 4)
+
+
+def test_sequence_priority_leaves_masked_steps_out_of_max_and_mean():
+    # Column 0: the masked step has the largest |td|; column 1: nothing is valid (a sequence of padding).
+    td = torch.tensor([[10.0, 4.0], [-1.0, 4.0], [3.0, 4.0]])
+    mask = torch.tensor([[False, False], [True, False], [True, False]])
+    p = sequence_priorities(td, mask, eta=0.9)
+    assert p.tolist() == pytest.approx([0.9 * 3 + 0.1 * (1 + 3) / 2, 0.0])

@@ -5,6 +5,7 @@ double-Q targets with value rescaling, prioritized sequence replay and a periodi
 from __future__ import annotations
 
 import copy
+import threading
 from typing import Any
 
 import numpy as np
@@ -88,9 +89,12 @@ class Agent:
         self.config = config
         self.network = DuelingQNetwork(spec, config)
         self.target_network = copy.deepcopy(self.network).requires_grad_(False)
+        # Per env id, on the host; `epsilons_on` keeps one copy per inference device.
         self.epsilons = torch.from_numpy(epsilon_schedule(
             config.num_envs, config.num_eval_envs, config.epsilon_base, config.epsilon_alpha,
             config.eval_epsilon)).float()
+        self._device_epsilons: dict[torch.device, torch.Tensor] = {}
+        self._device_epsilons_lock = threading.Lock()
 
     def initial_state(self, batch_size: int) -> State:
         return self.network.initial_state(batch_size)
@@ -105,15 +109,30 @@ class Agent:
         self.target_network.to(device)
         return self
 
+    def epsilons_on(self, device: torch.device) -> torch.Tensor:
+        """The per-env epsilons float32 [num_envs] on `device`, copied from `self.epsilons` at the first call
+        for that device and never moved or freed afterwards.
+
+        Each inference device's thread (and the CUDA graphs it captures) reads its own copy, so no device
+        ever reads a tensor that another device's thread replaced.
+        """
+        device = torch.device(device)
+        epsilons = self._device_epsilons.get(device)
+        if epsilons is None:
+            with self._device_epsilons_lock:
+                epsilons = self._device_epsilons.get(device)
+                if epsilons is None:
+                    epsilons = self._device_epsilons[device] = self.epsilons.to(device, copy=True)
+        return epsilons
+
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
         q, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
                                batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
         q = q[0]
-        if self.epsilons.device != q.device:
-            self.epsilons = self.epsilons.to(q.device)
+        epsilons = self.epsilons_on(q.device)
         # Padded rows of a fixed-size batch carry an env id past the last one: give them the last epsilon.
-        env_ids = batch.env_ids.clamp(max=len(self.epsilons) - 1)
-        explore = torch.rand(q.shape[0], device=q.device) < self.epsilons[env_ids]
+        env_ids = batch.env_ids.clamp(max=len(epsilons) - 1)
+        explore = torch.rand(q.shape[0], device=q.device) < epsilons[env_ids]
         random_action = torch.randint(0, q.shape[-1], (q.shape[0],), device=q.device)
         action = torch.where(explore, random_action, q.argmax(-1))
         return ActOutput(action=action, outputs={"q_values": q}, state=new_state)

@@ -13,7 +13,8 @@ expected status code whose details name the field, the value received and the va
   protobuf.garbage                                             bytes that do not parse as an ActorMessage
   oversize                                                     a message beyond the learner's receive limit
   duplicate_actor_index                                        a second stream claims a live actor index:
-                                                               the first stream's next step is ABORTED (stale)
+                                                               the first stream's next step is
+                                                               FAILED_PRECONDITION (superseded)
   handshake_deadline (in the background)                       streams that never send anything
 
 and, as load without an error to check: streams opened and abandoned, and clients that never read replies.
@@ -50,9 +51,9 @@ STREAM = "/seed.Learner/Stream"
 DTYPES = ["float64", "float32", "float16", "int64", "int32", "int8", "uint8", "uint16", "uint64", "bool",
           "complex64", "float128", "object", "<f4", "|u1", "", "garbage", "U10", "datetime64", "void"]
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
-OK, INVALID, ABORTED, EXHAUSTED, DEADLINE = (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
-                                             grpc.StatusCode.ABORTED, grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                             grpc.StatusCode.DEADLINE_EXCEEDED)
+OK, INVALID, SUPERSEDED, EXHAUSTED, DEADLINE = (grpc.StatusCode.OK, grpc.StatusCode.INVALID_ARGUMENT,
+                                                grpc.StatusCode.FAILED_PRECONDITION,
+                                                grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.DEADLINE_EXCEEDED)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -373,7 +374,8 @@ class Fuzzer:
             self.record(Outcome(case.category, code.name, details[:300], check(case, code, details)))
 
     def duplicate_actor_index(self) -> None:
-        """Stream A handshakes as actor i and steps; stream B claims i; A's next step must be ABORTED (stale)."""
+        """Stream A handshakes as actor i and steps; stream B claims i; A's next step must be FAILED_PRECONDITION
+        (superseded: a live actor told to exit rather than reconnect)."""
         index = self.gen.rng.choice(self.gen.indices)
         send_a, replies_a, close_a = self.client.interactive()
         send_b, replies_b, close_b = self.client.interactive()
@@ -396,7 +398,7 @@ class Fuzzer:
             close_a()
             close_b()
         self.record(Outcome("duplicate_actor_index", code.name, details[:300],
-                            code == ABORTED and f"actor {index}" in details and "replaced" in details))
+                            code == SUPERSEDED and f"actor_index {index}" in details and "superseded" in details))
 
     def abandoned(self) -> None:
         """Opens a stream, maybe sends a handshake, and walks away without closing it cleanly."""

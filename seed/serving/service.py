@@ -7,7 +7,8 @@ of this happens outside the learner process, so decoding never competes with inf
 learner's GIL.
 
 A malformed message ends only that actor's stream (INVALID_ARGUMENT naming the field, the value received
-and the value expected); a request of a replaced actor run ends with ABORTED; the other actors never notice.
+and the value expected); a request of an actor run that a newer handshake for its index superseded ends with
+FAILED_PRECONDITION (`wire.SUPERSEDED`), which tells a still-live actor to exit; the other actors never notice.
 """
 
 from __future__ import annotations
@@ -124,7 +125,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         request_fd = self.request_fds[actor % len(self.request_fds)]
         with slot.lock:
             if int(slab.live_run[actor]) != run_id:
-                context.abort(grpc.StatusCode.ABORTED, self._replaced(actor, run_id))
+                context.abort(wire.SUPERSEDED, self._replaced(actor, run_id))
             left = slab.unanswered(actor)
             if left is not None:
                 # A serving process before this one wrote this request and died waiting for its reply (our own
@@ -141,7 +142,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             status = int(slab.reply_status[actor])
             actions = slab.action[slab.rows(actor)].copy()
         if status == REPLY_STALE:
-            context.abort(grpc.StatusCode.ABORTED, self._replaced(actor, run_id))
+            context.abort(wire.SUPERSEDED, self._replaced(actor, run_id))
         if status != REPLY_OK:
             context.abort(grpc.StatusCode.INTERNAL, "inference failed for this batch; reconnect")
         return actions
@@ -166,8 +167,10 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
                 context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
 
     def _replaced(self, actor: int, run_id: int) -> str:
-        return (f"actor {actor}: actor_index {actor} run 0x{run_id:x} was replaced by a newer handshake "
-                f"(run 0x{int(self.slab.live_run[actor]):x}); expected steps from the newest run only")
+        # Only a stream that is still alive reads this: a dead predecessor's stream has no one to tell.
+        return (f"actor_index {actor}: superseded by a newer actor run (run 0x{int(self.slab.live_run[actor]):x} "
+                f"handshook after this run 0x{run_id:x}); expected one live actor per --actor_index, but another "
+                f"actor with --actor_index={actor} connected while this one was alive")
 
     def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
         handshake = read_handshake(request_iterator, context, self._check_handshake)
