@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from seed.agents import agent_module
-from seed.envs import make_spec
 from seed.contracts import InferenceBatch
+from seed.envs import make_spec
 from seed.learner import Learner
 from seed.learner_main import resolve_config
 from seed.metrics import LearnerMetrics
