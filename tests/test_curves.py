@@ -146,3 +146,15 @@ def test_cli(three_runs, tmp_path):
     done = seed_report(["--curves", str(empty), f"--out={tmp_path / 'x'}"], str(tmp_path))
     assert done.returncode == 2
     assert "expected a metrics.jsonl" in done.stderr and "found: checkpoint.pt" in done.stderr
+
+
+def test_running_mean_counts_towards_a_target_only_once_its_window_is_full(tmp_path):
+    key = "eval/return_running_mean_100"
+    data = rows([60, 120, 180, 240], [1000, 2000, 3000, 4000], [0.9, 0.5, 0.85, 0.9], key=key)
+    for row, episodes in zip(data, [5, 60, 100, 140], strict=True):
+        row["eval/episodes"] = episodes
+    run = curves.load_run(write_run(tmp_path / "run", data, CONFIG))
+    assert run.metric == key
+    # 0.9 after 5 episodes is noise: the first full window (100 episodes) is at 3 minutes.
+    assert curves.first_reach(run, 0.8) == (3.0, 3000)
+    assert curves.first_reach(run, 0.88) == (4.0, 4000)

@@ -62,6 +62,7 @@ class Run:
     minutes: np.ndarray  # learner wall-clock minutes (segments concatenated, see the module docstring)
     env_frames: np.ndarray  # env frames at the row (agent steps x action repeat)
     values: np.ndarray  # the metric
+    full_window: np.ndarray  # bool: the row counts towards targets (see _window_full)
     resumed_at_frames: list[int]  # env_frames of the first row of each segment after the first
     final_env_frames: int  # env_frames of the last row (with or without a value)
     total_minutes: float  # wall-clock minutes of the last row
@@ -158,15 +159,26 @@ def load_run(logdir: str, metric: str = "") -> Run:
         minutes=minutes[keep],
         env_frames=np.array([rows[i]["env_frames"] for i in keep], np.int64),
         values=np.array([rows[i][metric] for i in keep], np.float64),
+        full_window=np.array([_window_full(rows[i], metric) for i in keep], bool),
         resumed_at_frames=[int(rows[i]["env_frames"]) for i in starts],
         final_env_frames=int(rows[-1]["env_frames"]),
         total_minutes=float(minutes[-1]),
     )
 
 
+def _window_full(row: dict[str, Any], metric: str) -> bool:
+    """Whether `metric` of this row counts towards a target: a running mean over the last 100 evaluation
+    episodes counts once 100 episodes are in it (HTS-RL's protocol; a mean of the first few episodes is
+    noise: a random policy's first 5 episodes of academy_empty_goal_close can average 0.6)."""
+    if metric.endswith("running_mean_100") and isinstance(row.get("eval/episodes"), int):
+        return row["eval/episodes"] >= 100
+    return True
+
+
 def first_reach(run: Run, target: float) -> tuple[float, int] | None:
-    """(minutes, env frames) of the first row whose value is >= `target`, or None."""
-    reached = np.flatnonzero(run.values >= target)
+    """(minutes, env frames) of the first row whose value is >= `target` with a full evaluation window (see
+    `_window_full`), or None."""
+    reached = np.flatnonzero((run.values >= target) & run.full_window)
     if not len(reached):
         return None
     i = int(reached[0])
