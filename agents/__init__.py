@@ -1,4 +1,4 @@
-"""Agents the learner can drive: `--agent=vtrace` (IMPALA) or `--agent=r2d2`.
+"""Agents the learner can drive: `--agent=vtrace` (IMPALA), `--agent=r2d2` or `--agent=ppo` (HTS-RL).
 
 An agent module exposes:
 
@@ -11,6 +11,11 @@ An agent module exposes:
         after_update(train_steps)                 after each optimizer step (R2D2: target copy)
         network                                   the trained nn.Module (the learner copies it for inference)
         state_dict() / load_state_dict(d)         everything to checkpoint besides the optimizer
+    optional:
+        train_rollout(batch, optimizer, grad_clip_norm, update) -> metrics
+                                                  one learner update that takes its own optimizer steps (PPO's
+                                                  epochs x minibatches); without it the learner steps on `loss`
+        SUPPORTS_SYNC = True (module level)       the agent can train with --sync=hts
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-AGENTS = ("vtrace", "r2d2")
+AGENTS = ("vtrace", "r2d2", "ppo")
 
 
 def agent_module(name: str) -> ModuleType:

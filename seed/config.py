@@ -71,7 +71,7 @@ class ActorConfig(EnvOptions, TransportOptions):
 
 @dataclasses.dataclass
 class LearnerConfig(EnvOptions, TransportOptions):
-    agent: str = _field("vtrace", "vtrace or r2d2.")
+    agent: str = _field("vtrace", "vtrace, r2d2 or ppo.")
     logdir: str = _field("", "Where metrics, TensorBoard events and checkpoints go; default logs/<agent>-<env>.")
     server_address: str = _field("unix:{logdir}/learner.sock,127.0.0.1:8686",
                                  "Comma-separated listen addresses (host:port or unix:/path); {logdir} is replaced. "
@@ -118,6 +118,22 @@ class LearnerConfig(EnvOptions, TransportOptions):
     clip_rho_threshold: float = _field(1.0, "V-trace rho-bar.")
     clip_pg_rho_threshold: float = _field(1.0, "V-trace rho-bar for the policy-gradient advantage.")
     max_abs_reward: float = _field(0.0, "Clip rewards to [-x, x] for the loss; 0 = off.")
+    # PPO (HTS-RL) and synchronisation.
+    ppo_clip: float = _field(0.2, "PPO: epsilon of the clipped surrogate, ratio clipped to [1 - eps, 1 + eps].")
+    ppo_epochs: int = _field(2, "PPO: passes over each rollout per learner update.")
+    ppo_minibatches: int = _field(8, "PPO: minibatches per pass; each holds all steps of about B / this many envs.")
+    sync: str = _field("async", "hts: HTS-RL's synchronous mode (every env fills --sync_every steps with the "
+                                "parameters of the previous update while the learner trains on the last rollout: "
+                                "a policy lag of exactly one update; --agent=ppo's default); async: SEED's "
+                                "asynchronous queue (vtrace, r2d2).")
+    sync_every: int = _field(128, "--sync=hts: agent steps per env per rollout (sets --unroll_length).")
+    deterministic: bool = _field(False, "Bit-identical runs for one seed and config on CPU: counter-based action "
+                                        "sampling, fixed inference batch composition, deterministic algorithms, "
+                                        "seeded minibatch shuffles. Needs --sync=hts.")
+    max_train_steps: int = _field(0, "Stop after this many learner updates (the final checkpoint is exactly that "
+                                     "update's parameters); 0 = no limit.")
+    max_policy_lag: int = _field(0, "Drop training batches whose oldest step was acted more than this many updates "
+                                    "ago (policy_lag_updates); 0 = no bound.")
     # R2D2.
     burn_in: int = _field(0, "Steps at the start of each unroll that only warm up the recurrent state (R2D2).")
     n_steps: int = _field(5, "R2D2: n of the n-step double-Q targets.")

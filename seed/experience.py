@@ -97,12 +97,15 @@ class Prefetcher:
       next_unroll: timeout_s -> Unroll or None.
       batch_size: unrolls per batch (B).
       device: the training device; batches arrive there.
+      sort_by_env: order each batch's unrolls by env id instead of arrival (a batch then does not depend on
+        arrival order).
     An exception ends the thread and is kept in `thread.failure` for the learner's watchdog.
     """
 
     def __init__(self, next_unroll: Callable[[float], Unroll | None], batch_size: int, device: torch.device,
-                 stop: threading.Event, depth: int = 1):
+                 stop: threading.Event, depth: int = 1, sort_by_env: bool = False):
         self._next_unroll = next_unroll
+        self._sort_by_env = sort_by_env
         self._batch_size = batch_size
         self._device = device
         self._stop = stop
@@ -127,6 +130,8 @@ class Prefetcher:
             pending.append(unroll)
             if len(pending) < self._batch_size:
                 continue
+            if self._sort_by_env:
+                pending.sort(key=lambda u: int(u.env_id))
             batch = _to_device(Unroll.stack(pending), self._device)
             pending = []
             _put_until_stopped(self._batches, batch, self._stop)
@@ -141,9 +146,10 @@ def _to_device(batch: Unroll, device: torch.device) -> Unroll:
 class FifoExperience:
     """V-trace: completed unrolls -> bounded FIFO queue -> prefetched time-major batches."""
 
-    def __init__(self, capacity: int, batch_size: int, device: torch.device, stop: threading.Event):
+    def __init__(self, capacity: int, batch_size: int, device: torch.device, stop: threading.Event,
+                 sort_by_env: bool = False):
         self.queue = UnrollQueue(capacity, stop)
-        self.prefetcher = Prefetcher(self.queue.get, batch_size, device, stop)
+        self.prefetcher = Prefetcher(self.queue.get, batch_size, device, stop, sort_by_env=sort_by_env)
         self.sink = self.queue.put
 
     def start(self) -> None:

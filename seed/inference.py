@@ -23,6 +23,7 @@ from seed.parameters import ParameterPublisher
 from seed.policy import EagerPolicy, GraphedPolicy
 from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
 from seed.state_table import StateTable
+from seed.sync_gate import RolloutGate
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
 from seed.wire import to_torch
@@ -43,13 +44,18 @@ class CentralInference:
       on_batch: (rows, learner-side latencies in seconds) of each batch.
       on_timing: {stage: milliseconds} of each batch (see `_serve`).
       cuda_graphs: replay the policy as CUDA graphs (GPU only).
+      policy_version: the version of `network`'s parameters (the learner's train_steps); every step records the
+        version it was acted with (step field `policy_version`).
+      rollout_gate: `--sync=hts`: holds actors at rollout boundaries and applies new parameters only there
+        (seed/sync_gate.py); None applies every published version before the next batch.
     """
 
     def __init__(self, agent: Any, network: torch.nn.Module, device: torch.device, slab: StepSlab,
                  unroll_length: int, burn_in: int, reply: Callable[[np.ndarray], None],
                  sink: Callable[[list[Unroll]], None], on_episodes: Callable[[FinishedEpisodes], None],
                  on_batch: Callable[[int, list[float]], None],
-                 on_timing: Callable[[dict[str, float]], None] = lambda timing: None, cuda_graphs: bool = False):
+                 on_timing: Callable[[dict[str, float]], None] = lambda timing: None, cuda_graphs: bool = False,
+                 policy_version: int = 0, rollout_gate: RolloutGate | None = None):
         self.agent = agent
         self.network = network
         self.device = device
@@ -65,7 +71,8 @@ class CentralInference:
         self.on_timing = on_timing
         self.actor_run = np.zeros(slab.layout.num_actors, np.int64)  # run whose rows the tables hold; 0 = none
         self.prev_action = np.zeros(num_envs, np.int64)
-        self.parameters = ParameterPublisher(network, device)
+        self.parameters = ParameterPublisher(network, device, policy_version)
+        self.gate = rollout_gate
         # A high-priority stream: inference kernels are scheduled ahead of the training step's waiting blocks.
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         # The slab's observations as a tensor (unsigned types reinterpreted) and a staging buffer the ready
@@ -92,6 +99,22 @@ class CentralInference:
                 self._run_batch(actors, seqs)
         else:
             self._run_batch(actors, seqs)
+
+    def release_held(self) -> bool:
+        """`--sync=hts`: opens the sync point if every actor waits at it and the next rollout's parameters are
+        published; applies exactly those and serves the held requests. Whether it opened."""
+        if self.gate is None:
+            return False
+        batches = self.gate.try_open(self.parameters.published)
+        if batches is None:
+            return False
+        self.parameters.refresh()
+        if self.parameters.applied != self.gate.needed_version - 1:
+            raise RuntimeError(f"policy version: got {self.parameters.applied} after the sync point, expected "
+                               f"{self.gate.needed_version - 1}")
+        for actors, seqs in batches:
+            self.run_batch(actors, seqs)
+        return True
 
     def _env_ids(self, actors: np.ndarray) -> np.ndarray:
         """int64 [n * K]: the rows of `actors`, actor by actor."""
@@ -129,6 +152,8 @@ class CentralInference:
 
     def _run_batch(self, actors: np.ndarray, seqs: np.ndarray) -> None:
         actors, seqs, runs = self._requests(actors, seqs)
+        if self.gate is not None:
+            actors, seqs, runs = self.gate.admit(actors, seqs, runs)
         if not len(actors):
             return
         try:
@@ -196,7 +221,9 @@ class CentralInference:
                              ("done", done)):
             self._inputs_np[name][:b] = values
         observation = self._staging[:b]
-        self.parameters.refresh()
+        if self.gate is None:  # with a gate, parameters change only at sync points (release_held)
+            self.parameters.refresh()
+        version = self.parameters.applied
         clock.append(time.perf_counter())
         inputs = InferenceBatch(env_ids=host["env_ids"][:b], observation=observation, reward=host["reward"][:b],
                                 done=host["done"][:b], prev_action=host["prev_action"][:b])
@@ -208,6 +235,8 @@ class CentralInference:
         slab.action[env_ids] = actions
         self.prev_action[env_ids] = actions
         self._answer(actors, seqs, REPLY_OK)
+        if self.gate is not None:
+            self.gate.stepped(actors)
         now = time.monotonic()
         self.on_batch(b, (now - arrivals).tolist())
         clock.append(time.perf_counter())
@@ -219,6 +248,7 @@ class CentralInference:
             "truncated": torch.from_numpy(truncated),
             "prev_action": torch.from_numpy(prev_action),
             "action": action,
+            "policy_version": torch.full((b,), version, dtype=torch.int64),
             **outputs,
         }
         try:

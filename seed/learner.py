@@ -44,7 +44,9 @@ from seed.serving.notify import RequestBatcher, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
 from seed.supervisor import SupervisedThread, ThreadDied, Watchdog, sink_fault_from_environment
+from seed.sync_gate import RolloutGate
 from seed.transport import TransportSecurity, listen_addresses
+from seed.unroll import Unroll
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +61,9 @@ class Learner:
         os.makedirs(config.logdir, exist_ok=True)
         threads = config.torch_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
+        if config.deterministic:
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS needs
+            torch.use_deterministic_algorithms(True)
         seed_everything(config.seed)
         self.spec = spec or make_spec(config.env, config.env_options())
         self.training_device = torch.device(config.training_device)
@@ -105,9 +110,11 @@ class Learner:
                 agent=self.agent, network=copy.deepcopy(self.agent.network).to(device).eval(), device=device,
                 slab=self.slab, unroll_length=config.unroll_length, burn_in=config.burn_in, reply=reply,
                 sink=self.sink.put, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch,
-                on_timing=self.metrics.record_values, cuda_graphs=config.cuda_graphs)
-            for device in self.inference_devices
+                on_timing=self.metrics.record_values, cuda_graphs=config.cuda_graphs,
+                policy_version=self.metrics.train_steps, rollout_gate=self._rollout_gate(i))
+            for i, device in enumerate(self.inference_devices)
         ]
+        self.dropped_lagging_batches = 0  # --max_policy_lag
         self.batchers = [RequestBatcher(read_fd, self.slab, config.inference_batch_size,
                                         config.batch_timeout_ms / 1000.0)
                          for read_fd, _ in self._request_pipes]
@@ -129,11 +136,21 @@ class Learner:
         self.reference_scores = self._atari_reference_scores()
         self.bound_addresses: list[str] = []
 
+    def _rollout_gate(self, device_index: int) -> RolloutGate | None:
+        """--sync=hts: the sync point of inference device `device_index` (it serves actors a % n == index)."""
+        if self.config.sync != "hts":
+            return None
+        actors = np.arange(device_index, self.config.num_actors, len(self.inference_devices))
+        per_batch = max(1, self.config.inference_batch_size // self.config.envs_per_actor)
+        return RolloutGate(actors, self.config.num_actors, self.config.sync_every, self.metrics.train_steps, per_batch)
+
     def _make_experience(self) -> FifoExperience | ReplayExperience:
         config = self.config
         if not getattr(self.agent, "uses_replay", False):
+            # HTS: a batch is every env's unroll of one rollout, arriving at once; ordered by env id it is the
+            # same batch whatever the arrival order (--deterministic needs that).
             return FifoExperience(config.queue_capacity or config.batch_size, config.batch_size,
-                                  self.training_device, self.stop_event)
+                                  self.training_device, self.stop_event, sort_by_env=config.sync == "hts")
         # Refuse at start what the first insert would fail to allocate.
         check_fits_in_memory(config.replay_capacity, self.agent.replay_sequence_bytes(), available_memory_bytes())
         replay = PrioritizedReplay(config.replay_capacity, config.priority_exponent,
@@ -163,9 +180,13 @@ class Learner:
 
     def _serve_inference(self, inference: CentralInference, batcher: RequestBatcher) -> None:
         """One inference device's loop: batches of ready slots until the learner stops."""
+        # With a sync point the loop also polls it: the learner's publish is what opens it.
+        wait_s = 0.1 if inference.gate is None else 0.005
         while not self.stop_event.is_set():
+            if inference.gate is not None:
+                inference.release_held()
             start = time.perf_counter()
-            batch = batcher.next_batch(0.1)
+            batch = batcher.next_batch(wait_s)
             if batch is None:
                 continue
             self.metrics.record_value("inference/wait_ms", (time.perf_counter() - start) * 1e3)
@@ -220,20 +241,31 @@ class Learner:
         batch = self.experience.next_batch(0.2)
         if batch is None:
             return False
-        out = self.agent.loss(batch)
-        self.optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        values = dict(out.metrics)
-        if self.config.grad_clip_norm > 0:
-            values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(
-                self.agent.network.parameters(), self.config.grad_clip_norm))
-        self.optimizer.step()
+        lag = policy_lag(batch.unrolls, self.metrics.train_steps)
+        if self.config.max_policy_lag and lag > self.config.max_policy_lag:
+            self.dropped_lagging_batches += 1
+            return True
+        priorities = None
+        if hasattr(self.agent, "train_rollout"):  # PPO: its own epochs x minibatches of optimizer steps
+            values = self.agent.train_rollout(batch, self.optimizer, self.config.grad_clip_norm,
+                                              self.metrics.train_steps)
+        else:
+            out = self.agent.loss(batch)
+            self.optimizer.zero_grad(set_to_none=True)
+            out.loss.backward()
+            values = dict(out.metrics)
+            if self.config.grad_clip_norm > 0:
+                values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(
+                    self.agent.network.parameters(), self.config.grad_clip_norm))
+            self.optimizer.step()
+            priorities = out.priorities
+        values["policy_lag_updates"] = lag
         publish_start = time.perf_counter()
         parameters = self.agent.network.state_dict()
         for inference in self.inferences:
-            inference.publish(parameters)
+            inference.publish(parameters, version=self.metrics.train_steps + 1)
         values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
-        self.experience.after_step(batch, out.priorities)
+        self.experience.after_step(batch, priorities)
         self.metrics.record_train_step(values)
         self.agent.after_update(self.metrics.train_steps)
         return True
@@ -264,7 +296,8 @@ class Learner:
         failure = None  # a helper thread that died
         training_failed = True  # until the loop ends normally: a step that raised may have half-updated the network
         try:
-            while not self.stop_event.is_set() and self.metrics.env_frames < config.total_environment_frames:
+            while (not self.stop_event.is_set() and self.metrics.env_frames < config.total_environment_frames
+                   and not (config.max_train_steps and self.metrics.train_steps >= config.max_train_steps)):
                 self.train_step()
                 failure = self.watchdog.check()
                 if failure is not None:
@@ -323,6 +356,8 @@ class Learner:
     def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:
         """Extra values for the metrics row (agents with replay add theirs through `agent.metrics()`)."""
         extra = {"window_s": window_s, **self.experience.stats()}
+        if self.config.max_policy_lag:
+            extra["policy_lag_dropped_batches"] = self.dropped_lagging_batches
         row = self.metrics.snapshot(elapsed_s, extra)
         if self.reference_scores is not None:
             human, random = self.reference_scores
@@ -370,6 +405,18 @@ class _PeriodicLogger:
         self.thread.join(timeout=10)
         if self.thread.failure is None and time.monotonic() - self.last_time > 0.5:
             self.write()
+
+
+def policy_lag(unrolls: Unroll, train_steps: int) -> int:
+    """Updates between the oldest parameters that chose a trained action of the batch (step field
+    `policy_version`, steps [:-1] that are valid) and the parameters about to be trained (`train_steps`)."""
+    if "policy_version" not in unrolls.steps:  # a replay restored from before the field existed
+        return 0
+    versions = unrolls.policy_version[:-1]
+    valid = unrolls.valid[:-1]
+    if not bool(valid.any()):
+        return 0
+    return train_steps - int(versions[valid].min())
 
 
 def seed_everything(seed: int) -> None:

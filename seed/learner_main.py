@@ -36,10 +36,28 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
     if config.replay_min_size > config.replay_capacity and "replay_min_size" not in explicit:
         # A small --replay_capacity (e.g. Atari on a 24 GiB machine) implies a smaller warm-up.
         config.replay_min_size = max(1, config.replay_capacity // 2)
+    _derive_sync(config, explicit)
     if config.queue_capacity == 0:
         config.queue_capacity = config.batch_size
     validate(config)
     return config
+
+
+def _derive_sync(config: LearnerConfig, explicit: dict[str, Any]) -> None:
+    """--sync=hts: one rollout of --sync_every steps per env is one unroll, and one training batch holds every
+    training env's unroll. --deterministic: inference batches of one actor's K rows (a fixed composition)."""
+    derived = []
+    if config.sync == "hts":
+        derived += [("unroll_length", config.sync_every, "--sync_every with --sync=hts"),
+                    ("batch_size", config.num_envs - config.num_eval_envs,
+                     "num_envs - num_eval_envs with --sync=hts: one unroll of every training env per batch")]
+    if config.deterministic:
+        derived.append(("inference_batch_size", config.envs_per_actor,
+                        "envs_per_actor with --deterministic: one actor's rows per inference batch"))
+    for name, value, why in derived:
+        if name in explicit and explicit[name] != value:
+            raise ValueError(f"--{name}: got {explicit[name]!r}, expected {value} ({why})")
+        setattr(config, name, value)
 
 
 def validate(config: LearnerConfig) -> None:
@@ -58,9 +76,35 @@ def validate(config: LearnerConfig) -> None:
          "0 for --agent=vtrace (burn-in is an R2D2 setting; V-trace would train on its padding)"),
         ("keep_checkpoints", config.keep_checkpoints >= 1, ">= 1"),
     ]
+    checks += [
+        ("sync", config.sync in ("hts", "async"), "hts or async"),
+        ("sync_every", config.sync_every >= 1, ">= 1"),
+        ("ppo_clip", config.ppo_clip > 0, "> 0"),
+        ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
+        ("ppo_minibatches", 1 <= config.ppo_minibatches <= config.batch_size,
+         f">= 1 and <= batch_size ({config.batch_size}): a minibatch holds whole env columns"),
+        ("max_train_steps", config.max_train_steps >= 0, ">= 0 (0 = no limit)"),
+        ("max_policy_lag", config.max_policy_lag >= 0, ">= 0 (0 = no bound)"),
+    ]
     for name, ok, expected in checks:
         if not ok:
             raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
+    if config.sync == "hts" and not getattr(agent_module(config.agent), "SUPPORTS_SYNC", False):
+        raise ValueError(f"--sync=hts: not supported by --agent={config.agent} (it has no synchronous mode); "
+                         "expected --sync=async with it, or --agent=ppo")
+    inference_devices = [d.strip() for d in config.inference_devices.split(",") if d.strip()]
+    if config.deterministic:
+        refusals = [
+            ("--sync", config.sync != "hts", f"got --sync={config.sync}, expected --sync=hts (asynchronous "
+                                             "updates make the parameters each step sees depend on timing)"),
+            ("--inference_devices", len(inference_devices) > 1,
+             f"got {config.inference_devices!r}, expected one device (each device batches on its own)"),
+            ("--cuda_graphs", config.cuda_graphs and (inference_devices or [config.inference_device])[0] != "cpu",
+             "got true on a CUDA inference device, expected --nocuda_graphs (graphs pad batches)"),
+        ]
+        for name, refused, why in refusals:
+            if refused:
+                raise ValueError(f"--deterministic: cannot be deterministic with {name}: {why}")
     devices = [("inference_device", config.inference_device), ("training_device", config.training_device)]
     devices += [("inference_devices", d.strip()) for d in config.inference_devices.split(",") if d.strip()]
     for name, value in devices:

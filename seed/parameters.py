@@ -28,22 +28,34 @@ class ParameterPublisher:
     """Args:
       network: the inference network (its state-dict tensors are updated in place).
       device: its device.
+      version: the policy version the network holds now (the learner's train_steps: 0, or a resumed count).
     """
 
-    def __init__(self, network: torch.nn.Module, device: torch.device):
+    def __init__(self, network: torch.nn.Module, device: torch.device, version: int = 0):
         state = network.state_dict()
         self.names = list(state)
         self.targets = [state[name] for name in self.names]
         self.staging = [torch.empty_like(t) for t in self.targets]
         self.cuda = device.type == "cuda"
         self._lock = threading.Lock()
-        self._version = 0
-        self._applied = 0
+        self._version = version
+        self._applied = version
         self._staged: torch.cuda.Event | None = None
         self._consumed: torch.cuda.Event | None = None
 
-    def publish(self, parameters: dict[str, torch.Tensor]) -> None:
-        """Training side: snapshot `parameters` (a state dict on any device) into staging."""
+    @property
+    def published(self) -> int:
+        """The version of the newest snapshot in staging."""
+        return self._version
+
+    @property
+    def applied(self) -> int:
+        """The version the inference network holds (train_steps when it was published)."""
+        return self._applied
+
+    def publish(self, parameters: dict[str, torch.Tensor], version: int | None = None) -> None:
+        """Training side: snapshot `parameters` (a state dict on any device) into staging, as `version` (the
+        learner's train_steps after the update; default: the previous version + 1)."""
         with torch.no_grad(), self._lock:
             if self.cuda and self._consumed is not None:
                 torch.cuda.current_stream(self.targets[0].device).wait_event(self._consumed)
@@ -51,7 +63,7 @@ class ParameterPublisher:
             if self.cuda:
                 self._staged = torch.cuda.Event()
                 self._staged.record(torch.cuda.current_stream(self.targets[0].device))
-            self._version += 1
+            self._version = self._version + 1 if version is None else version
 
     def refresh(self) -> bool:
         """Inference side, between batches: applies the newest snapshot if there is one; whether it did."""

@@ -9,6 +9,7 @@ Step fields stored for every env step t (time index within an unroll):
   prev_action  int64         the action fed to the network at t (the action taken at t - 1)
   action       int64         the action taken at t
   valid        bool          False for the zero padding in front of a fresh env's first unroll
+  policy_version int64       the learner's train_steps whose parameters chose the action at t (inference)
   <agent outputs>            e.g. policy_logits [A] (V-trace) or q_values [A] (R2D2), at t
 
 An unroll holds `burn_in + unroll_length + 1` consecutive steps of one env; the last step only provides the
@@ -21,7 +22,7 @@ import dataclasses
 
 import torch
 
-STEP_FIELDS = ("observation", "reward", "done", "truncated", "prev_action", "action", "valid")
+STEP_FIELDS = ("observation", "reward", "done", "truncated", "prev_action", "action", "valid", "policy_version")
 
 
 @dataclasses.dataclass

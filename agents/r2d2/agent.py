@@ -227,10 +227,12 @@ class Agent:
 
 def replay_sequence_bytes(spec: EnvSpec, config: LearnerConfig, network: nn.Module) -> int:
     """Bytes one replay sequence takes: (burn_in + unroll_length + 1) steps of observation (one frame),
-    reward, done, truncated, prev_action, action, valid and q_values [A], plus the agent state and the env id."""
+    reward, done, truncated, prev_action, action, valid, policy_version and q_values [A], plus the agent state and
+    the env id."""
     length = config.burn_in + config.unroll_length + 1
+    # obs, reward, done, truncated, prev_action and action, valid, policy_version, q
     step_bytes = (int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
-                  + 4 + 1 + 1 + 8 + 8 + 1 + 4 * spec.num_actions)  # obs, reward, done, truncated, actions, valid, q
+                  + 4 + 1 + 1 + 8 + 8 + 1 + 8 + 4 * spec.num_actions)
     state_bytes = sum(t.numel() * t.element_size() for t in network.initial_state(1).values())
     return length * step_bytes + state_bytes + 8
 

@@ -1,0 +1,201 @@
+"""The PPO agent (HTS-RL's learner): the V-trace agent's actor-critic network, sampling at inference, and a
+training step of `ppo_epochs` x `ppo_minibatches` clipped-surrogate updates over each rollout."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
+from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
+from seed.agents.vtrace.agent import ActorCriticNetwork, _sample
+from seed.config import LearnerConfig
+from seed.contracts import ActOutput, InferenceBatch, State
+from seed.envs.base import EnvSpec
+from seed.unroll import LossOutput, TrainingBatch, Unroll
+
+SAMPLE_STEP = "sample_step"  # --deterministic: int64 per-env step counter keying the env's random stream
+
+# Synchronous (HTS) training is supported: the learner may hold actors at rollout boundaries (--sync=hts).
+SUPPORTS_SYNC = True
+
+
+def default_config(env_family: str) -> dict[str, Any]:
+    """Per-env-family defaults (over LearnerConfig's). Every family trains synchronously (`--sync=hts`) with
+    HTS-RL's rollout of 128 steps per env.
+
+    gym: learns CartPole in a few minutes on 2 cores (4 epochs x 4 minibatches, lr 1e-3, gradient clip 0.5 as in
+    the common PPO CartPole settings). football: HTS-RL's (2 epochs x 8 minibatches, lr 3.43e-4, gamma 0.993).
+    """
+    common = dict(sync="hts", sync_every=128, use_lstm=False, lambda_=0.95, baseline_cost=0.5)
+    if env_family == "gym":
+        return dict(common, network="mlp", learning_rate=1e-3, entropy_cost=0.01, discounting=0.99, ppo_epochs=4,
+                    ppo_minibatches=4, grad_clip_norm=0.5, total_environment_frames=2e6, log_interval_s=5.0)
+    if env_family == "atari":
+        return dict(common, network="nature", learning_rate=2.5e-4, entropy_cost=0.01, discounting=0.99,
+                    max_abs_reward=1.0, grad_clip_norm=0.5, ppo_clip=0.1, ppo_epochs=4, ppo_minibatches=4)
+    if env_family == "football":
+        return dict(common, network="football_small", learning_rate=3.43e-4, entropy_cost=0.01, discounting=0.993,
+                    grad_clip_norm=0.5, ppo_epochs=2, ppo_minibatches=8)
+    if env_family == "fake":
+        return dict(common, sync_every=20)
+    return {}
+
+
+class Agent:
+    def __init__(self, spec: EnvSpec, config: LearnerConfig):
+        if config.burn_in != 0:
+            raise ValueError(f"--burn_in: got {config.burn_in}, expected 0 for --agent=ppo (burn-in is an R2D2 "
+                             "setting)")
+        self.spec = spec
+        self.config = config
+        self.network = ActorCriticNetwork(spec, config)
+
+    uses_replay = False
+
+    def initial_state(self, batch_size: int) -> State:
+        state = self.network.initial_state(batch_size)
+        if self.config.deterministic:
+            state[SAMPLE_STEP] = torch.zeros(batch_size, dtype=torch.int64)
+        return state
+
+    def to(self, device: torch.device) -> Agent:
+        """Moves the trained network to the training device."""
+        self.network.to(device)
+        return self
+
+    def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        """Samples a_t ~ pi(.|x_t); stores the logits and the value V(x_t) (outputs `policy_logits` [B, A] and
+        `baseline` [B]). With `--deterministic` the sample is Gumbel-max on the env's counter-based uniforms
+        (agents/counter_rng.py) keyed by (seed, env id, the env's step count), so it does not depend on the
+        batch. Evaluation envs play the evaluation policy (greedy with `--eval_greedy`)."""
+        logits, baseline, new_state = self._forward(network, batch, state)
+        if SAMPLE_STEP in state:
+            steps = state[SAMPLE_STEP]
+            action = gumbel_max_sample(logits, counter_uniforms(self.config.seed, batch.env_ids, steps,
+                                                                logits.shape[-1]))
+            new_state[SAMPLE_STEP] = steps + 1
+        else:
+            action = _sample(logits)
+        if self.config.eval_greedy and self.config.num_eval_envs > 0:
+            is_eval = batch.env_ids >= self.config.num_envs - self.config.num_eval_envs
+            action = torch.where(is_eval, logits.argmax(-1), action)
+        return ActOutput(action=action, outputs={"policy_logits": logits, "baseline": baseline}, state=new_state)
+
+    def evaluation_act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        """The evaluation policy on every row: a sample from the policy, or its argmax with `--eval_greedy`."""
+        logits, _, new_state = self._forward(network, batch, state)
+        if SAMPLE_STEP in state:
+            new_state[SAMPLE_STEP] = state[SAMPLE_STEP] + 1
+        action = logits.argmax(-1) if self.config.eval_greedy else _sample(logits)
+        return ActOutput(action=action, outputs={"policy_logits": logits}, state=new_state)
+
+    @staticmethod
+    def _forward(network: nn.Module, batch: InferenceBatch, state: State
+                 ) -> tuple[torch.Tensor, torch.Tensor, State]:
+        core_state = {k: v for k, v in state.items() if k != SAMPLE_STEP}
+        logits, baseline, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
+                                              batch.reward.unsqueeze(0), batch.done.unsqueeze(0), core_state)
+        return logits[0], baseline[0], new_state
+
+    # -- training ----------------------------------------------------------------------------------------------
+    def _run(self, unrolls: Unroll) -> tuple[torch.Tensor, torch.Tensor]:
+        """(logits [T + 1, B, A], values [T + 1, B]) of the trained network over the unrolls."""
+        state = {k: v for k, v in unrolls.initial_state.items() if k != SAMPLE_STEP}
+        logits, values, _ = self.network(unrolls.observation, unrolls.prev_action, unrolls.reward, unrolls.done,
+                                         state)
+        return logits, values
+
+    def targets(self, unrolls: Unroll) -> tuple[torch.Tensor, torch.Tensor]:
+        """(advantages [T, B], returns [T, B]) by GAE from the values of the network as it is before this
+        rollout's updates (computed once per rollout). Step t pairs action a_t with reward r_{t+1} and
+        done_{t+1}; truncation ends the episode like termination (no final observation to bootstrap from)."""
+        c = self.config
+        with torch.no_grad():
+            _, values = self._run(unrolls)
+        rewards = unrolls.reward[1:]
+        if c.max_abs_reward > 0:
+            rewards = rewards.clamp(-c.max_abs_reward, c.max_abs_reward)
+        discounts = (~unrolls.done[1:]).float() * c.discounting
+        return gae(rewards, values[:-1], values[-1], discounts, c.lambda_)
+
+    def minibatch_loss(self, unrolls: Unroll, advantages: torch.Tensor, returns: torch.Tensor) -> LossOutput:
+        """Clipped surrogate + baseline_cost x 0.5 (R - V)^2 - entropy_cost x entropy on one minibatch of env
+        columns (unrolls [T + 1, b, ...], advantages and returns [T, b]); advantages normalised over it."""
+        c = self.config
+        logits, values = self._run(unrolls)
+        actions = unrolls.action[:-1].unsqueeze(-1)
+        log_probs = F.log_softmax(logits[:-1], -1)
+        action_log_probs = log_probs.gather(-1, actions).squeeze(-1)
+        behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1).gather(-1, actions).squeeze(-1)
+        surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs, normalize(advantages), c.ppo_clip)
+        baseline_loss = c.baseline_cost * 0.5 * (returns - values[:-1]).pow(2).mean()
+        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+        total = surrogate.loss + baseline_loss - c.entropy_cost * entropy
+        metrics = {
+            "losses/policy": surrogate.loss.item(),
+            "losses/V": baseline_loss.item(),
+            "losses/entropy": -c.entropy_cost * entropy.item(),
+            "losses/total": total.item(),
+            "policy/entropy": entropy.item(),
+            "policy/clip_fraction": surrogate.clip_fraction.item(),
+            "policy/approx_kl": surrogate.approx_kl.item(),
+            "V/value function": values[:-1].mean().item(),
+        }
+        return LossOutput(total, metrics)
+
+    def loss(self, batch: TrainingBatch) -> LossOutput:
+        """The PPO loss of the whole batch as one minibatch (the learner uses `train_rollout` instead)."""
+        advantages, returns = self.targets(batch.unrolls)
+        return self.minibatch_loss(batch.unrolls, advantages, returns)
+
+    def train_rollout(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, grad_clip_norm: float,
+                      update: int) -> dict[str, float]:
+        """One learner update on one rollout storage: `ppo_epochs` passes, each over `ppo_minibatches`
+        minibatches of env columns (all T steps of b ~ B / ppo_minibatches envs, so recurrent state and frame
+        stacks stay whole), one optimizer step each. Advantages come from the values before the first step.
+        The minibatch shuffles come from a generator seeded with (seed, update): the same in every run.
+
+        Args:
+          batch: unrolls [T + 1, B, ...] of one rollout, on the training device.
+          update: the number of updates done before this one (the learner's train_steps).
+        Returns the metrics averaged over the minibatch steps (plus `gradient_norm` with a clip).
+        """
+        c = self.config
+        unrolls = batch.unrolls
+        advantages, returns = self.targets(unrolls)
+        columns = unrolls.reward.shape[1]
+        generator = torch.Generator().manual_seed(c.seed * 1_000_003 + update)
+        sums: dict[str, float] = {}
+        count = 0
+        for _ in range(c.ppo_epochs):
+            order = torch.randperm(columns, generator=generator)
+            for part in torch.tensor_split(order, min(c.ppo_minibatches, columns)):
+                index = part.to(advantages.device)
+                minibatch = Unroll({k: v.index_select(1, index) for k, v in unrolls.steps.items()},
+                                   {k: v.index_select(0, index) for k, v in unrolls.initial_state.items()},
+                                   unrolls.env_id.index_select(0, index))
+                out = self.minibatch_loss(minibatch, advantages.index_select(1, index), returns.index_select(1, index))
+                optimizer.zero_grad(set_to_none=True)
+                out.loss.backward()
+                values = dict(out.metrics)
+                if grad_clip_norm > 0:
+                    values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(),
+                                                                                   grad_clip_norm))
+                optimizer.step()
+                for key, value in values.items():
+                    sums[key] = sums.get(key, 0.0) + value
+                count += 1
+        return {key: value / count for key, value in sums.items()}
+
+    def after_update(self, train_steps: int) -> None:
+        """Hook after each learner update (R2D2 copies its target network here)."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"network": self.network.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.network.load_state_dict(state["network"])
