@@ -48,6 +48,7 @@ class CentralInference:
         version it was acted with (step field `policy_version`).
       rollout_gate: `--sync=hts`: holds actors at rollout boundaries and applies new parameters only there
         (seed/sync_gate.py); None applies every published version before the next batch.
+      row_by_row: run the policy one env row at a time (`--deterministic`, see seed/policy.py).
     """
 
     def __init__(self, agent: Any, network: torch.nn.Module, device: torch.device, slab: StepSlab,
@@ -55,7 +56,7 @@ class CentralInference:
                  sink: Callable[[list[Unroll]], None], on_episodes: Callable[[FinishedEpisodes], None],
                  on_batch: Callable[[int, list[float]], None],
                  on_timing: Callable[[dict[str, float]], None] = lambda timing: None, cuda_graphs: bool = False,
-                 policy_version: int = 0, rollout_gate: RolloutGate | None = None):
+                 policy_version: int = 0, rollout_gate: RolloutGate | None = None, row_by_row: bool = False):
         self.agent = agent
         self.network = network
         self.device = device
@@ -86,11 +87,15 @@ class CentralInference:
                                                  ("reward", torch.float32), ("done", torch.bool))}
         self._inputs_np = {name: tensor.numpy() for name, tensor in self._inputs_host.items()}
         policy_args = (agent, network, self.state_table, device)
-        self.policy = GraphedPolicy(*policy_args, self.k) if cuda_graphs and pin else EagerPolicy(*policy_args)
+        if cuda_graphs and pin:
+            self.policy = GraphedPolicy(*policy_args, self.k)
+        else:
+            self.policy = EagerPolicy(*policy_args, row_by_row=row_by_row)
 
-    def publish(self, parameters: dict[str, torch.Tensor]) -> None:
-        """Hands new parameters (a state dict on any device) to this device's network, without stalling it."""
-        self.parameters.publish(parameters)
+    def publish(self, parameters: dict[str, torch.Tensor], version: int | None = None) -> None:
+        """Hands new parameters (a state dict on any device) to this device's network, without stalling it;
+        `version` is the learner's train_steps after the update (default: one more than the last)."""
+        self.parameters.publish(parameters, version)
 
     def run_batch(self, actors: np.ndarray, seqs: np.ndarray) -> None:
         """Serves the requests (actor slot, sequence number) that the batcher grouped; replies to each."""

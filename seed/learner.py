@@ -111,7 +111,8 @@ class Learner:
                 slab=self.slab, unroll_length=config.unroll_length, burn_in=config.burn_in, reply=reply,
                 sink=self.sink.put, on_episodes=self._on_episodes, on_batch=self.metrics.record_batch,
                 on_timing=self.metrics.record_values, cuda_graphs=config.cuda_graphs,
-                policy_version=self.metrics.train_steps, rollout_gate=self._rollout_gate(i))
+                policy_version=self.metrics.train_steps, rollout_gate=self._rollout_gate(i),
+                row_by_row=config.deterministic)
             for i, device in enumerate(self.inference_devices)
         ]
         self.dropped_lagging_batches = 0  # --max_policy_lag

@@ -49,16 +49,36 @@ def _run_act(agent: Any, network: torch.nn.Module, table: StateTable, batch: Inf
     return out.action, out.outputs, state
 
 
+def _run_act_row_by_row(agent: Any, network: torch.nn.Module, table: StateTable, batch: InferenceBatch
+                        ) -> tuple[torch.Tensor, dict[str, torch.Tensor], State]:
+    """`_run_act` on one row at a time: each row's numbers are those of a batch of one, whatever the batch."""
+    results = [_run_act(agent, network, table, InferenceBatch(**{f.name: getattr(batch, f.name)[i:i + 1]
+                                                                  for f in dataclasses.fields(batch)}))
+               for i in range(len(batch))]
+    action = torch.cat([r[0] for r in results])
+    outputs = {k: torch.cat([r[1][k] for r in results]) for k in results[0][1]}
+    state = {k: torch.cat([r[2][k] for r in results]) for k in results[0][2]}
+    return action, outputs, state
+
+
 class EagerPolicy:
-    def __init__(self, agent: Any, network: torch.nn.Module, table: StateTable, device: torch.device):
+    """Args:
+      row_by_row: run the agent on one row at a time (`--deterministic`): a row's result then depends on that
+        row only, not on how many rows its batch had (matrix kernels may sum in another order for another
+        batch size), so runs with different numbers of actors per batch agree bit for bit.
+    """
+
+    def __init__(self, agent: Any, network: torch.nn.Module, table: StateTable, device: torch.device,
+                 row_by_row: bool = False):
         self.agent, self.network, self.table, self.device = agent, network, table, device
         self._results = _HostResults(table.num_envs + 1, device.type == "cuda")
+        self._act = _run_act_row_by_row if row_by_row else _run_act
 
     def __call__(self, inputs: InferenceBatch) -> PolicyResult:
         cuda = self.device.type == "cuda"
         on_device = inputs.to(self.device, non_blocking=True) if cuda else inputs
         with torch.no_grad():
-            action, outputs, state = _run_act(self.agent, self.network, self.table, on_device)
+            action, outputs, state = self._act(self.agent, self.network, self.table, on_device)
         action = self._results.copy("action", action)
         outputs = {k: self._results.copy(k, v) for k, v in outputs.items()}
         if cuda:
