@@ -58,6 +58,8 @@ def _derive_sync(config: LearnerConfig, explicit: dict[str, Any]) -> None:
         if name in explicit and explicit[name] != value:
             raise ValueError(f"--{name}: got {explicit[name]!r}, expected {value} ({why})")
         setattr(config, name, value)
+    if config.ppo_minibatches > config.batch_size and "ppo_minibatches" not in explicit:
+        config.ppo_minibatches = config.batch_size  # a default too large for a small run: one env per minibatch
 
 
 def validate(config: LearnerConfig) -> None:

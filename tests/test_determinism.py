@@ -1,0 +1,40 @@
+"""--deterministic: real `launch/local.sh` runs (learner + actor processes over gRPC) of HTS PPO on CartPole
+stop after a fixed number of updates (--max_train_steps); one seed gives the same parameters bit for bit, also
+with another split of the envs into actor processes; another seed does not."""
+
+import os
+import subprocess
+import sys
+
+import torch
+
+from seed import checkpoint
+from tests.conftest import REPO
+
+UPDATES = 4
+
+
+def _run(tmp_path, name, seed, num_actors=2, envs_per_actor=2):
+    logdir = str(tmp_path / name)
+    args = ["--agent=ppo", "--env=gym:CartPole-v1", "--deterministic", f"--seed={seed}", f"--logdir={logdir}",
+            f"--num_actors={num_actors}", f"--envs_per_actor={envs_per_actor}", "--sync_every=32",
+            f"--max_train_steps={UPDATES}", "--torch_threads=1", "--log_interval_s=1"]
+    result = subprocess.run([os.path.join(REPO, "launch", "local.sh"), *args], cwd=REPO, capture_output=True,
+                            text=True, timeout=150, env=dict(os.environ, PYTHON=sys.executable, PYTHONUNBUFFERED="1"))
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    _, state = checkpoint.latest(logdir)
+    assert state["counters"]["train_steps"] == UPDATES, output[-3000:]
+    return state["agent"]["network"]
+
+
+def _identical(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_one_seed_gives_bit_identical_parameters_and_another_seed_does_not(tmp_path):
+    first = _run(tmp_path, "first", seed=5)
+    again = _run(tmp_path, "again", seed=5, num_actors=1, envs_per_actor=4)  # same envs, one actor process
+    other = _run(tmp_path, "other", seed=6)
+    assert _identical(first, again)
+    assert not _identical(first, other)

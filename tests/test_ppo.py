@@ -1,0 +1,211 @@
+"""PPO math against written-out references, counter-based sampling, the HTS sync point, the PPO agent's update
+and the configuration checks of --agent=ppo, --sync and --deterministic."""
+
+import numpy as np
+import pytest
+import torch
+
+from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
+from seed.agents.ppo.agent import Agent
+from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
+from seed.envs import make_spec
+from seed.learner_main import resolve_config
+from seed.sync_gate import RolloutGate
+from seed.unroll import TrainingBatch, Unroll
+
+
+def _reference_gae(rewards, values, bootstrap, dones, gamma, lam):
+    """GAE by an explicit loop over Python floats; dones[t] means the episode ended after step t."""
+    T, B = len(rewards), len(rewards[0])
+    advantages = [[0.0] * B for _ in range(T)]
+    for b in range(B):
+        next_advantage, next_value = 0.0, bootstrap[b]
+        for t in reversed(range(T)):
+            mask = 0.0 if dones[t][b] else 1.0
+            delta = rewards[t][b] + gamma * mask * next_value - values[t][b]
+            next_advantage = delta + gamma * lam * mask * next_advantage
+            advantages[t][b] = next_advantage
+            next_value = values[t][b]
+    return advantages
+
+
+def test_gae_matches_an_explicit_backward_loop_with_done_masking():
+    rewards = [[1.0, 0.0], [0.5, 2.0], [-1.0, 1.0], [0.0, 0.25]]
+    values = [[0.3, 1.0], [0.7, -0.2], [0.1, 0.4], [0.9, 0.6]]
+    dones = [[False, False], [True, False], [False, False], [False, True]]
+    bootstrap = [2.0, -3.0]
+    gamma, lam = 0.9, 0.8
+    out = gae(torch.tensor(rewards), torch.tensor(values), torch.tensor(bootstrap),
+              (~torch.tensor(dones)).float() * gamma, lam)
+    expected = torch.tensor(_reference_gae(rewards, values, bootstrap, dones, gamma, lam))
+    torch.testing.assert_close(out.advantages, expected)
+    torch.testing.assert_close(out.returns, expected + torch.tensor(values))
+    # Hand check of one entry: env 0, t = 1 ends its episode, so A_1 = r_1 - V_1 exactly.
+    assert out.advantages[1, 0].item() == pytest.approx(0.5 - 0.7)
+    # Env 1's last step ends an episode: the bootstrap value -3 never enters its advantages.
+    assert out.advantages[3, 1].item() == pytest.approx(0.25 - 0.6)
+
+
+def test_gae_lambda_one_is_the_discounted_return_minus_the_value():
+    rewards = torch.tensor([[1.0], [2.0], [3.0]])
+    values = torch.tensor([[0.5], [0.25], [0.125]])
+    out = gae(rewards, values, torch.tensor([4.0]), torch.full((3, 1), 0.5), 1.0)
+    returns = [1 + 0.5 * 2 + 0.25 * 3 + 0.125 * 4, 2 + 0.5 * 3 + 0.25 * 4, 3 + 0.5 * 4]
+    torch.testing.assert_close(out.returns[:, 0], torch.tensor(returns))
+
+
+def test_gae_rejects_mismatched_shapes_naming_the_field():
+    with pytest.raises(ValueError, match="values: got shape"):
+        gae(torch.zeros(3, 2), torch.zeros(3, 1), torch.zeros(2), torch.zeros(3, 2), 0.9)
+    with pytest.raises(ValueError, match="bootstrap: got shape"):
+        gae(torch.zeros(3, 2), torch.zeros(3, 2), torch.zeros(3), torch.zeros(3, 2), 0.9)
+
+
+def test_clipped_surrogate_by_hand_on_both_sides_of_the_clip():
+    ratios = torch.tensor([0.5, 0.9, 1.1, 1.5, 0.5, 1.5])
+    advantages = torch.tensor([1.0, 1.0, 1.0, 1.0, -1.0, -1.0])
+    behaviour = torch.tensor([-1.0, -0.5, -2.0, -0.1, -0.3, -1.2])
+    log_probs = (behaviour + ratios.log()).requires_grad_()
+    out = clipped_surrogate_loss(log_probs, behaviour, advantages, clip=0.2)
+    # min(r A, clip(r, 0.8, 1.2) A) per sample:
+    #   A > 0: r=0.5 -> 0.5 (unclipped is smaller), 0.9 -> 0.9, 1.1 -> 1.1, 1.5 -> 1.2 (clipped)
+    #   A < 0: r=0.5 -> -0.8 (clipped: min(-0.5, -0.8)), r=1.5 -> -1.5 (unclipped)
+    expected = -(0.5 + 0.9 + 1.1 + 1.2 - 0.8 - 1.5) / 6
+    assert out.loss.item() == pytest.approx(expected, abs=1e-6)
+    assert out.clip_fraction.item() == pytest.approx(4 / 6)
+    out.loss.backward()
+    # Gradient flows only where the unclipped term is the minimum: d/dlogp (-r A / 6) = -r A / 6.
+    grad = -(ratios * advantages) / 6
+    expected_grad = torch.where(torch.tensor([True, True, True, False, False, True]), grad, torch.zeros(6))
+    torch.testing.assert_close(log_probs.grad, expected_grad)
+
+
+def test_normalize_gives_zero_mean_unit_std():
+    x = normalize(torch.tensor([1.0, 2.0, 3.0, 10.0]))
+    assert abs(x.mean().item()) < 1e-6 and x.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-5)
+
+
+def test_counter_uniforms_depend_only_on_seed_env_and_step():
+    env_ids, steps = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 5, 7, 0])
+    u = counter_uniforms(3, env_ids, steps, 6)
+    assert u.shape == (4, 6) and bool(((u > 0) & (u < 1)).all())
+    # A row alone, or in another batch order, draws the same numbers.
+    assert torch.equal(counter_uniforms(3, env_ids[2:3], steps[2:3], 6)[0], u[2])
+    assert torch.equal(counter_uniforms(3, env_ids.flip(0), steps.flip(0), 6).flip(0), u)
+    assert not torch.equal(counter_uniforms(4, env_ids, steps, 6), u)  # another seed
+    assert not torch.equal(counter_uniforms(3, env_ids, steps + 1, 6), u)  # another step
+    many = counter_uniforms(0, torch.arange(2000), torch.zeros(2000, dtype=torch.long), 1)
+    assert abs(many.mean().item() - 0.5) < 0.03
+
+
+def test_gumbel_max_on_counter_uniforms_samples_the_softmax():
+    logits = torch.log(torch.tensor([[0.7, 0.2, 0.1]])).expand(20000, 3)
+    u = counter_uniforms(1, torch.arange(20000), torch.zeros(20000, dtype=torch.long), 3)
+    frequencies = torch.bincount(gumbel_max_sample(logits, u), minlength=3).double() / 20000
+    torch.testing.assert_close(frequencies, torch.tensor([0.7, 0.2, 0.1], dtype=torch.float64), atol=0.02, rtol=0)
+
+
+def _serve(gate, actors, seqs, run=1):
+    kept, _, _ = gate.admit(np.array(actors), np.array(seqs), np.full(len(actors), run))
+    gate.stepped(kept)
+    return kept.tolist()
+
+
+def test_rollout_gate_holds_every_actor_at_the_sync_point_until_the_version_is_published():
+    gate = RolloutGate(np.array([0, 1]), 2, rollout_steps=3)
+    for step in range(3):  # rollout 0 (steps 0..2) for both actors
+        assert _serve(gate, [0, 1], [step, step]) == [0, 1]
+    assert _serve(gate, [1], [3]) == []  # actor 1 at the sync point: held
+    assert gate.try_open(published_version=0) is None  # actor 0 is not there yet
+    assert _serve(gate, [0], [3]) == []
+    batches = gate.try_open(published_version=0)  # rollout 1 is played with version 0
+    assert [a.tolist() for a, _ in batches] == [[0, 1]] and [s.tolist() for _, s in batches] == [[3, 3]]
+    assert _serve(gate, [0, 1], [3, 3]) == [0, 1]  # served after opening
+    for step in (4, 5):
+        _serve(gate, [0, 1], [step, step])
+    assert _serve(gate, [0, 1], [6, 6]) == []
+    assert gate.try_open(published_version=0) is None  # rollout 2 needs version 1 (the update on rollout 0)
+    assert gate.try_open(published_version=1) is not None
+    with pytest.raises(RuntimeError, match="policy version: got 3"):
+        for step in (6, 7, 8):
+            _serve(gate, [0, 1], [step, step])
+        _serve(gate, [0, 1], [9, 9])
+        gate.try_open(published_version=3)
+
+
+def test_rollout_gate_lets_a_new_actor_run_join_the_rollout_in_progress():
+    gate = RolloutGate(np.array([0, 1]), 2, rollout_steps=2, actors_per_batch=1)
+    for step in range(2):
+        _serve(gate, [0, 1], [step, step])
+    _serve(gate, [0, 1], [2, 2])
+    assert [a.tolist() for a, _ in gate.try_open(0)] == [[0], [1]]  # one actor per batch
+    _serve(gate, [0, 1], [2, 2])  # rollout 1: steps 2 and 3
+    assert _serve(gate, [0], [3]) == [0]
+    assert _serve(gate, [0], [4]) == [] and set(gate.held) == {0}
+    # Actor 1 restarts (run 2) in the middle of rollout 1: it plays the whole rollout from its start.
+    assert _serve(gate, [1], [0], run=2) == [1]
+    assert _serve(gate, [1], [1], run=2) == [1]
+    assert gate.try_open(1) is None
+    assert _serve(gate, [1], [2], run=2) == [] and set(gate.held) == {0, 1}
+    assert [s.tolist() for _, s in gate.try_open(1)] == [[4], [2]]
+
+
+def _config(tmp_path, **values):
+    return resolve_config({"logdir": str(tmp_path / "run"), "num_actors": 2, "envs_per_actor": 2, **values})
+
+
+def test_ppo_defaults_to_hts_with_one_rollout_per_unroll_and_every_env_per_batch(tmp_path):
+    config = _config(tmp_path, agent="ppo", num_eval_envs=1)
+    assert config.sync == "hts" and config.unroll_length == config.sync_every == 128
+    assert config.batch_size == 3  # 4 envs, one evaluating
+    assert _config(tmp_path, agent="vtrace").sync == "async"
+    assert _config(tmp_path, agent="ppo", deterministic=True).inference_batch_size == 2
+
+
+@pytest.mark.parametrize("values, message", [
+    (dict(agent="vtrace", sync="hts"), "--sync=hts: not supported by --agent=vtrace"),
+    (dict(agent="r2d2", sync="hts"), "--sync=hts: not supported by --agent=r2d2"),
+    (dict(agent="ppo", sync="async", deterministic=True), "--deterministic: .*--sync=async"),
+    (dict(agent="ppo", deterministic=True, inference_devices="cuda:0,cuda:1"),
+     "--deterministic: .*--inference_devices"),
+    (dict(agent="ppo", deterministic=True, inference_device="cuda:0"), "--deterministic: .*--cuda_graphs"),
+    (dict(agent="ppo", batch_size=2), "--batch_size: got 2, expected 4"),
+    (dict(agent="ppo", unroll_length=20), "--unroll_length: got 20, expected 128"),
+    (dict(agent="ppo", ppo_minibatches=8), "--ppo_minibatches: got 8, expected >= 1 and <= batch_size \\(4\\)"),
+    (dict(agent="ppo", sync="sometimes"), "--sync: got 'sometimes', expected hts or async"),
+])
+def test_impossible_settings_are_refused_naming_the_flags(tmp_path, values, message):
+    with pytest.raises(ValueError, match=message):
+        _config(tmp_path, **values)
+
+
+def _rollout(agent, steps, envs, generator):
+    spec = agent.spec
+    observation = torch.randn((steps + 1, envs, *spec.observation_shape), generator=generator)
+    logits = torch.randn((steps + 1, envs, spec.num_actions), generator=generator)
+    unroll_steps = {
+        "observation": observation, "reward": torch.rand((steps + 1, envs), generator=generator),
+        "done": torch.rand((steps + 1, envs), generator=generator) < 0.1,
+        "prev_action": torch.randint(spec.num_actions, (steps + 1, envs), generator=generator),
+        "action": torch.randint(spec.num_actions, (steps + 1, envs), generator=generator),
+        "policy_logits": logits, "baseline": torch.zeros(steps + 1, envs),
+        "valid": torch.ones(steps + 1, envs, dtype=torch.bool),
+    }
+    return TrainingBatch(Unroll(unroll_steps, agent.initial_state(envs), torch.arange(envs)))
+
+
+def test_train_rollout_is_epochs_times_minibatches_steps_and_repeatable(tmp_path):
+    config = _config(tmp_path, agent="ppo", env="fake:vector", ppo_epochs=3, ppo_minibatches=2, sync_every=6)
+    spec = make_spec(config.env, config.env_options())
+    results = []
+    for _ in range(2):
+        torch.manual_seed(0)
+        agent = Agent(spec, config)
+        optimizer = torch.optim.Adam(agent.network.parameters(), lr=1e-3)
+        batch = _rollout(agent, 6, config.batch_size, torch.Generator().manual_seed(1))
+        metrics = agent.train_rollout(batch, optimizer, 0.5, update=7)
+        results.append((agent.network.state_dict(), metrics, optimizer.state_dict()["state"]))
+    (first, metrics, adam), (second, _, _) = results
+    assert all(int(s["step"]) == 3 * 2 for s in adam.values())  # 3 epochs x 2 minibatches optimizer steps
+    assert all(torch.equal(first[k], second[k]) for k in first)
+    assert {"losses/policy", "losses/V", "policy/clip_fraction", "policy/approx_kl", "gradient_norm"} <= set(metrics)
