@@ -51,6 +51,20 @@ PRESETS: dict[str, dict[str, Any]] = {
         learning_rate=6e-4, entropy_cost=0.01, discounting=0.993, lambda_=0.95,
         total_environment_frames=20e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
+    # HTS-RL (Liu, Schwing et al. 2020) on Football academy_empty_goal_close: synchronous PPO, 16 envs, a
+    # rollout of 128 steps per env, 2 epochs x 8 minibatches, lr 3.43e-4, scoring + checkpoint rewards.
+    "football_close_ppo": dict(
+        agent="ppo", env="football:academy_empty_goal_close", network="football_small", use_lstm=False,
+        football_rewards="scoring,checkpoints", num_actors=2, envs_per_actor=8, sync="hts", sync_every=128,
+        ppo_epochs=2, ppo_minibatches=8, ppo_clip=0.2, learning_rate=3.43e-4, entropy_cost=0.01,
+        discounting=0.993, lambda_=0.95, grad_clip_norm=0.5, total_environment_frames=5e6, log_interval_s=30.0,
+        checkpoint_interval_s=300.0,
+    ),
+    # Synchronous PPO on CartPole, bit-identical for one seed (--deterministic): the agent's gym defaults.
+    "cartpole_ppo": dict(
+        agent="ppo", env="gym:CartPole-v1", num_actors=2, envs_per_actor=4, sync="hts", deterministic=True,
+        total_environment_frames=1e6,
+    ),
 }
 
 PRESET_SOURCES: dict[str, str] = {
@@ -64,6 +78,10 @@ PRESET_SOURCES: dict[str, str] = {
     "football_close_vtrace": "HTS-RL's scenario and protocol; network and learning rate chosen on this framework "
                              "on 2 CPU cores (docs/learning/README.md).",
     "football_goal_vtrace": "as football_close_vtrace, on academy_empty_goal.",
+    "football_close_ppo": "HTS-RL's paper settings (16 envs, sync every 128 steps, PPO 2 epochs x 8 minibatches, "
+                          "lr 3.43e-4, scoring,checkpoints rewards) with the small Football network; not yet "
+                          "measured here.",
+    "cartpole_ppo": "the PPO agent's gym defaults (tests/test_learning.py), deterministic.",
 }
 
 
