@@ -81,7 +81,8 @@ PRESET_SOURCES: dict[str, str] = {
     "football_close_ppo": "HTS-RL's paper settings (16 envs, sync every 128 steps, PPO 2 epochs x 8 minibatches, "
                           "lr 3.43e-4, scoring,checkpoints rewards) with the small Football network; not yet "
                           "measured here.",
-    "cartpole_ppo": "the PPO agent's gym defaults (tests/test_learning.py), deterministic.",
+    "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
+                    "deterministic.",
 }
 
 

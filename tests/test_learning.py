@@ -45,6 +45,12 @@ def test_vtrace_learns_cartpole(tmp_path):
     print(f"V-trace reached a mean return of 400 in {elapsed:.0f}s")
 
 
+def test_ppo_learns_cartpole(tmp_path):
+    # Synchronous (HTS) PPO with the agent's gym defaults; a policy lag of exactly one update.
+    elapsed = _train_until(tmp_path, ["--agent=ppo", "--env=gym:CartPole-v1", "--seed=1"], 400, timeout_s=300)
+    print(f"PPO reached a mean return of 400 in {elapsed:.0f}s")
+
+
 def test_r2d2_learns_cartpole(tmp_path):
     # The training envs' mean return is held down by the most exploratory envs (epsilon up to 0.4 with only
     # 6 training envs); the 2 eval envs (epsilon 1e-3) measure the learned greedy policy.

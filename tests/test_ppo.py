@@ -156,7 +156,7 @@ def _config(tmp_path, **values):
 
 def test_ppo_defaults_to_hts_with_one_rollout_per_unroll_and_every_env_per_batch(tmp_path):
     config = _config(tmp_path, agent="ppo", num_eval_envs=1)
-    assert config.sync == "hts" and config.unroll_length == config.sync_every == 128
+    assert config.sync == "hts" and config.unroll_length == config.sync_every == 32  # the gym default
     assert config.batch_size == 3  # 4 envs, one evaluating
     assert _config(tmp_path, agent="vtrace").sync == "async"
     assert _config(tmp_path, agent="ppo", deterministic=True).inference_batch_size == 2
@@ -170,7 +170,7 @@ def test_ppo_defaults_to_hts_with_one_rollout_per_unroll_and_every_env_per_batch
      "--deterministic: .*--inference_devices"),
     (dict(agent="ppo", deterministic=True, inference_device="cuda:0"), "--deterministic: .*--cuda_graphs"),
     (dict(agent="ppo", batch_size=2), "--batch_size: got 2, expected 4"),
-    (dict(agent="ppo", unroll_length=20), "--unroll_length: got 20, expected 128"),
+    (dict(agent="ppo", unroll_length=20), "--unroll_length: got 20, expected 32"),
     (dict(agent="ppo", ppo_minibatches=8), "--ppo_minibatches: got 8, expected >= 1 and <= batch_size \\(4\\)"),
     (dict(agent="ppo", sync="sometimes"), "--sync: got 'sometimes', expected hts or async"),
 ])
@@ -192,6 +192,14 @@ def _rollout(agent, steps, envs, generator):
         "valid": torch.ones(steps + 1, envs, dtype=torch.bool),
     }
     return TrainingBatch(Unroll(unroll_steps, agent.initial_state(envs), torch.arange(envs)))
+
+
+def test_football_close_ppo_preset_has_hts_rl_hyperparameters(tmp_path):
+    config = _config(tmp_path, preset="football_close_ppo", num_actors=2, envs_per_actor=8)
+    assert (config.agent, config.sync, config.sync_every, config.unroll_length) == ("ppo", "hts", 128, 128)
+    assert (config.num_envs, config.batch_size, config.ppo_epochs, config.ppo_minibatches) == (16, 16, 2, 8)
+    assert config.learning_rate == 3.43e-4 and config.football_rewards == "scoring,checkpoints"
+    assert config.network == "football_small"
 
 
 def test_train_rollout_is_epochs_times_minibatches_steps_and_repeatable(tmp_path):

@@ -24,16 +24,17 @@ SUPPORTS_SYNC = True
 
 
 def default_config(env_family: str) -> dict[str, Any]:
-    """Per-env-family defaults (over LearnerConfig's). Every family trains synchronously (`--sync=hts`) with
-    HTS-RL's rollout of 128 steps per env.
+    """Per-env-family defaults (over LearnerConfig's). Every family trains synchronously (`--sync=hts`).
 
-    gym: learns CartPole in a few minutes on 2 cores (4 epochs x 4 minibatches, lr 1e-3, gradient clip 0.5 as in
-    the common PPO CartPole settings). football: HTS-RL's (2 epochs x 8 minibatches, lr 3.43e-4, gamma 0.993).
+    gym: rl-baselines3-zoo's CartPole PPO (8 envs x 32 steps per update, 20 epochs of one minibatch, lr 1e-3,
+    gamma 0.98, lambda 0.8, no entropy bonus): a mean return of 400 in under a minute on 2 cores. football:
+    HTS-RL's (rollouts of 128, 2 epochs x 8 minibatches, lr 3.43e-4).
     """
     common = dict(sync="hts", sync_every=128, use_lstm=False, lambda_=0.95, baseline_cost=0.5)
     if env_family == "gym":
-        return dict(common, network="mlp", learning_rate=1e-3, entropy_cost=0.01, discounting=0.99, ppo_epochs=4,
-                    ppo_minibatches=4, grad_clip_norm=0.5, total_environment_frames=2e6, log_interval_s=5.0)
+        return dict(common, network="mlp", sync_every=32, learning_rate=1e-3, entropy_cost=0.0, discounting=0.98,
+                    lambda_=0.8, ppo_epochs=20, ppo_minibatches=1, grad_clip_norm=0.5,
+                    total_environment_frames=2e6, log_interval_s=5.0)
     if env_family == "atari":
         return dict(common, network="nature", learning_rate=2.5e-4, entropy_cost=0.01, discounting=0.99,
                     max_abs_reward=1.0, grad_clip_norm=0.5, ppo_clip=0.1, ppo_epochs=4, ppo_minibatches=4)
