@@ -9,7 +9,7 @@ import sys
 import torch
 
 from seed import checkpoint
-from tests.conftest import REPO
+from tests.conftest import REPO, read_metrics
 
 UPDATES = 4
 
@@ -25,6 +25,9 @@ def _run(tmp_path, name, seed, num_actors=2, envs_per_actor=2):
     assert result.returncode == 0, output[-3000:]
     _, state = checkpoint.latest(logdir)
     assert state["counters"]["train_steps"] == UPDATES, output[-3000:]
+    # HTS: the first rollout is trained with the parameters that played it, every later one a single update on.
+    lags = [row["policy_lag_updates"] for row in read_metrics(logdir) if row.get("policy_lag_updates") is not None]
+    assert lags and 0 < max(lags) <= 1, lags
     return state["agent"]["network"]
 
 

@@ -9,6 +9,7 @@ from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
 from seed.agents.ppo.agent import Agent
 from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
 from seed.envs import make_spec
+from seed.learner import policy_lag
 from seed.learner_main import resolve_config
 from seed.sync_gate import RolloutGate
 from seed.unroll import TrainingBatch, Unroll
@@ -217,3 +218,10 @@ def test_train_rollout_is_epochs_times_minibatches_steps_and_repeatable(tmp_path
     assert all(int(s["step"]) == 3 * 2 for s in adam.values())  # 3 epochs x 2 minibatches optimizer steps
     assert all(torch.equal(first[k], second[k]) for k in first)
     assert {"losses/policy", "losses/V", "policy/clip_fraction", "policy/approx_kl", "gradient_norm"} <= set(metrics)
+
+
+def test_policy_lag_counts_updates_since_the_oldest_valid_acting_version():
+    versions = torch.tensor([[3, 5], [4, 5], [2, 0]])  # [T + 1, B]; the last step is only the bootstrap
+    valid = torch.tensor([[False, True], [True, True], [True, True]])
+    unrolls = Unroll({"policy_version": versions, "valid": valid, "reward": torch.zeros(3, 2)}, {}, torch.arange(2))
+    assert policy_lag(unrolls, train_steps=6) == 6 - 4  # version 3 is padding, 2 and 0 only bootstrap
