@@ -180,7 +180,7 @@ def test_restarted_learner_resumes_and_remote_actors_reconnect(netns, procs, tmp
     rows_before = len(read_metrics(logdir))
     # The same actors, still running in the other namespace, reconnect to the new learner on their own.
     second = _start_learner(procs, netns, logdir, "learner2")
-    wait_for(lambda: "resumed from" in procs.output(second), 30, "the resume message",
+    wait_for(lambda: "resumed from" in procs.output(second), 90, "the resume message",
              on_timeout=lambda: procs.output(second))
     wait_for(lambda: _train_steps(logdir) > before + 5, 40, "training after the restart",
              on_timeout=lambda: procs.output(second))
