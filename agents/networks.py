@@ -81,19 +81,19 @@ class MLPTorso(nn.Module):
         return self.layers(_scaled_input(observation).flatten(1))
 
 
-class NatureDQNTorso(nn.Module):
-    """Nature DQN convolutions (32 8x8/4, 64 4x4/2, 64 3x3/1, valid, ReLU) then fc 512 ReLU.
+class _ConvFcTorso(nn.Module):
+    """Valid convolutions with ReLU, then fc ReLU. `layers` = (filters, kernel, stride) per convolution;
+    `width` multiplies the filters. Input [N, C, H, W] (uint8 frames scaled to [0, 1]); output [N, fc_size]."""
 
-    Input [N, C, H, W] (uint8 frames scaled to [0, 1]); output [N, 512]. `width` multiplies the filters.
-    """
+    LAYERS: tuple[tuple[int, int, int], ...] = ()
 
     def __init__(self, in_channels: int, frame_shape: tuple[int, int], width: int = 1, fc_size: int = 512):
         super().__init__()
-        self.convs = nn.Sequential(
-            nn.Conv2d(in_channels, 32 * width, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(32 * width, 64 * width, 4, stride=2), nn.ReLU(),
-            nn.Conv2d(64 * width, 64 * width, 3, stride=1), nn.ReLU(),
-        )
+        convs, last = [], in_channels
+        for filters, kernel, stride in self.LAYERS:
+            convs += [nn.Conv2d(last, filters * width, kernel, stride=stride), nn.ReLU()]
+            last = filters * width
+        self.convs = nn.Sequential(*convs)
         with torch.no_grad():
             flat = self.convs(torch.zeros(1, in_channels, *frame_shape)).numel()
         self.fc = nn.Linear(flat, fc_size)
@@ -103,26 +103,22 @@ class NatureDQNTorso(nn.Module):
         return F.relu(self.fc(self.convs(_scaled_input(observation)).flatten(1)))
 
 
-class SmallDQNTorso(nn.Module):
-    """The 2013 DQN torso (Mnih et al., "Playing Atari with Deep RL"): 16 8x8/4, 32 4x4/2 (valid, ReLU), fc 256.
+class NatureDQNTorso(_ConvFcTorso):
+    """Nature DQN convolutions (32 8x8/4, 64 4x4/2, 64 3x3/1, valid, ReLU) then fc 512 ReLU: [N, C, H, W] ->
+    [N, 512]. About 9.4M multiply-adds per 84 x 84 x 4 input."""
 
-    Input [N, C, H, W] (uint8 frames scaled to [0, 1]); output [N, 256]. About a third of the Nature torso's
-    multiply-adds (3.0M vs 9.4M per 84 x 84 x 4 input): the network a 2-core CPU learner trains Atari with.
-    """
+    LAYERS = ((32, 8, 4), (64, 4, 2), (64, 3, 1))
+
+
+class SmallDQNTorso(_ConvFcTorso):
+    """The 2013 DQN torso (Mnih et al., "Playing Atari with Deep RL"): 16 8x8/4, 32 4x4/2 (valid, ReLU), fc 256:
+    [N, C, H, W] -> [N, fc_size]. About a third of the Nature torso's multiply-adds (3.0M per 84 x 84 x 4
+    input): the network a 2-core CPU learner trains Atari with."""
+
+    LAYERS = ((16, 8, 4), (32, 4, 2))
 
     def __init__(self, in_channels: int, frame_shape: tuple[int, int], width: int = 1, fc_size: int = 256):
-        super().__init__()
-        self.convs = nn.Sequential(
-            nn.Conv2d(in_channels, 16 * width, 8, stride=4), nn.ReLU(),
-            nn.Conv2d(16 * width, 32 * width, 4, stride=2), nn.ReLU(),
-        )
-        with torch.no_grad():
-            flat = self.convs(torch.zeros(1, in_channels, *frame_shape)).numel()
-        self.fc = nn.Linear(flat, fc_size)
-        self.output_size = fc_size
-
-    def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.fc(self.convs(_scaled_input(observation)).flatten(1)))
+        super().__init__(in_channels, frame_shape, width, fc_size)
 
 
 class _ResidualBlock(nn.Module):
