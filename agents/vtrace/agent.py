@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from seed.agents.networks import AgentBody, resolve_network
+from seed.agents.networks import AgentBody, orthogonal_init_, resolve_network
 from seed.agents.vtrace.vtrace import from_importance_weights
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
@@ -38,6 +38,9 @@ def default_config(env_family: str) -> dict[str, Any]:
     return {}
 
 
+RESIDUAL_NETWORKS = ("impala_deep", "football")
+
+
 def _sample(logits: torch.Tensor) -> torch.Tensor:
     """Actions [B] sampled from softmax(logits [B, A]) by the Gumbel-max trick: argmax(logits - log E),
     E ~ Exp(1). Unlike torch.multinomial it never synchronises with the host, so it can be captured in a CUDA
@@ -47,7 +50,12 @@ def _sample(logits: torch.Tensor) -> torch.Tensor:
 
 
 class ActorCriticNetwork(nn.Module):
-    """AgentBody + policy logits [T, B, A] and baseline [T, B] heads."""
+    """AgentBody + policy logits [T, B, A] and baseline [T, B] heads.
+
+    Init: the plain (non-residual) torsos orthogonal with gain sqrt(2), the policy head with gain 0.01 (a
+    near-uniform first policy) and the baseline head with gain 1, as CleanRL and Stable-Baselines do; the
+    residual torsos (impala_deep, football) keep PyTorch's default.
+    """
 
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
         super().__init__()
@@ -57,6 +65,10 @@ class ActorCriticNetwork(nn.Module):
                               clip_reward_input=True)
         self.policy = nn.Linear(self.body.output_size, spec.num_actions)
         self.baseline = nn.Linear(self.body.output_size, 1)
+        if network not in RESIDUAL_NETWORKS:
+            orthogonal_init_(self.body.torso)
+        orthogonal_init_(self.policy, 0.01)
+        orthogonal_init_(self.baseline, 1.0)
 
     def initial_state(self, batch_size: int) -> State:
         return self.body.initial_state(batch_size)
