@@ -38,7 +38,10 @@ def default_config(env_family: str) -> dict[str, Any]:
     return {}
 
 
-RESIDUAL_NETWORKS = ("impala_deep", "football")
+# The plain conv torsos, where PyTorch's default init leaves Atari features nearly constant (see
+# orthogonal_init_); the MLP (CartPole's defaults were tuned with the default init) and the residual torsos keep
+# PyTorch's default.
+ORTHOGONAL_INIT_NETWORKS = ("nature", "dqn_small", "football_small")
 
 
 def _sample(logits: torch.Tensor) -> torch.Tensor:
@@ -52,9 +55,9 @@ def _sample(logits: torch.Tensor) -> torch.Tensor:
 class ActorCriticNetwork(nn.Module):
     """AgentBody + policy logits [T, B, A] and baseline [T, B] heads.
 
-    Init: the plain (non-residual) torsos orthogonal with gain sqrt(2), the policy head with gain 0.01 (a
-    near-uniform first policy) and the baseline head with gain 1, as CleanRL and Stable-Baselines do; the
-    residual torsos (impala_deep, football) keep PyTorch's default.
+    Init with the plain conv torsos (ORTHOGONAL_INIT_NETWORKS): the torso orthogonal with gain sqrt(2), the
+    policy head with gain 0.01 (a near-uniform first policy) and the baseline head with gain 1, as CleanRL and
+    Stable-Baselines do; otherwise PyTorch's default.
     """
 
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
@@ -65,10 +68,10 @@ class ActorCriticNetwork(nn.Module):
                               clip_reward_input=True)
         self.policy = nn.Linear(self.body.output_size, spec.num_actions)
         self.baseline = nn.Linear(self.body.output_size, 1)
-        if network not in RESIDUAL_NETWORKS:
+        if network in ORTHOGONAL_INIT_NETWORKS:
             orthogonal_init_(self.body.torso)
-        orthogonal_init_(self.policy, 0.01)
-        orthogonal_init_(self.baseline, 1.0)
+            orthogonal_init_(self.policy, 0.01)
+            orthogonal_init_(self.baseline, 1.0)
 
     def initial_state(self, batch_size: int) -> State:
         return self.body.initial_state(batch_size)
