@@ -66,5 +66,5 @@ def test_vtrace_learns_from_atari_sized_images(tmp_path):
     # torso, V-trace.
     elapsed = _train_until(tmp_path, ["--agent=vtrace", "--env=fake:atari", "--network=dqn_small",
                                       "--batch_size=8", "--unroll_length=10", "--learning_rate=1e-3",
-                                      "--num_eval_envs=1", "--seed=3"], 25, timeout_s=420)
-    print(f"V-trace on fake:atari reached a mean return of 25 (random: 5.6) in {elapsed:.0f}s")
+                                      "--num_eval_envs=1", "--seed=3"], 15, timeout_s=420)
+    print(f"V-trace on fake:atari reached a mean return of 15 (random: 5.6) in {elapsed:.0f}s")
