@@ -23,6 +23,7 @@ reached each target ("not reached" otherwise), the final value and the final env
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -210,6 +211,9 @@ def parse_targets(values: list[str]) -> tuple[float, ...] | None:
 # ----------------------------------------------------------------------------------------------- grouping
 
 
+MAX_LABEL_KEYS = 3  # more differing values than this: the label is the logdir's name
+
+
 def group_key(run: Run) -> tuple:
     if run.config is None:
         return ("logdir", run.logdir, run.metric)
@@ -224,12 +228,13 @@ def group_runs(runs: list[Run]) -> list[tuple[str, list[Run]]]:
     for run in runs:
         groups.setdefault(group_key(run), []).append(run)
     configs = [members[0].config or {} for members in groups.values()]
+    # Keys one configuration lacks (written by an older version) do not tell groups apart.
     differing = sorted({k for a in configs for b in configs if a.get("env") == b.get("env")
-                        for k in set(a) | set(b) if k not in NOT_GROUPED and a.get(k) != b.get(k)})
+                        for k in set(a) & set(b) if k not in NOT_GROUPED and a.get(k) != b.get(k)})
     labelled = []
     for members in groups.values():
         first = members[0]
-        if first.config is None:
+        if first.config is None or len(differing) > MAX_LABEL_KEYS:
             label = os.path.basename(os.path.normpath(first.logdir))
         else:
             label = f"{first.config.get('agent', '?')} {first.env}"
@@ -238,7 +243,10 @@ def group_runs(runs: list[Run]) -> list[tuple[str, list[Run]]]:
         if len(members) > 1:
             label += f" ({len(members)} runs, seeds {', '.join(seeds)})"
         labelled.append((label, members))
-    return labelled
+    # Groups that differ only in keys the label leaves out (or in code, not configuration): name their logdirs.
+    counts = collections.Counter(label for label, _ in labelled)
+    return [(f"{label} [{os.path.basename(os.path.normpath(members[0].logdir))}]" if counts[label] > 1 else label,
+             members) for label, members in labelled]
 
 
 def band(runs: list[Run], axis: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
