@@ -143,14 +143,24 @@ def _to_device(batch: Unroll, device: torch.device) -> Unroll:
     return batch.to(device)
 
 
+def training_unrolls(unrolls: list[Unroll], is_eval_env: Callable[[torch.Tensor], torch.Tensor]) -> list[Unroll]:
+    """The unrolls of training envs: evaluation envs are never trained on (FIFO or replay)."""
+    is_eval = is_eval_env(torch.stack([u.env_id for u in unrolls])).tolist()
+    return [u for u, evaluates in zip(unrolls, is_eval, strict=True) if not evaluates]
+
+
 class FifoExperience:
-    """V-trace: completed unrolls -> bounded FIFO queue -> prefetched time-major batches."""
+    """V-trace and PPO: completed unrolls of training envs -> bounded FIFO queue -> prefetched time-major
+    batches. `is_eval_env`: int64 env ids [n] -> bool [n]; eval envs' unrolls are dropped."""
 
     def __init__(self, capacity: int, batch_size: int, device: torch.device, stop: threading.Event,
-                 sort_by_env: bool = False):
+                 is_eval_env: Callable[[torch.Tensor], torch.Tensor], sort_by_env: bool = False):
         self.queue = UnrollQueue(capacity, stop)
         self.prefetcher = Prefetcher(self.queue.get, batch_size, device, stop, sort_by_env=sort_by_env)
-        self.sink = self.queue.put
+        self.is_eval_env = is_eval_env
+
+    def sink(self, unrolls: list[Unroll]) -> None:
+        self.queue.put(training_unrolls(unrolls, self.is_eval_env))
 
     def start(self) -> None:
         self.prefetcher.start()
@@ -203,8 +213,7 @@ class ReplayExperience:
         return []
 
     def sink(self, unrolls: list[Unroll]) -> None:
-        eval_mask = self.is_eval_env(torch.stack([u.env_id for u in unrolls]))
-        training = [u for u, is_eval in zip(unrolls, eval_mask.tolist(), strict=True) if not is_eval]
+        training = training_unrolls(unrolls, self.is_eval_env)
         if training:
             self.replay.insert(training, self.initial_priorities(training))
 

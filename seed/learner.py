@@ -93,9 +93,8 @@ class Learner:
         self.experience = self._make_experience()
         if restored:
             self.experience.restore(config.logdir)
-        # Evaluation envs are never trained on: their unrolls stop here, whatever the agent.
-        self.sink = SinkThread(sink_fault_from_environment(self._training_unrolls_to(self.experience.sink)),
-                               self.stop_event)
+        # Evaluation envs are never trained on: the FIFO queue and the replay both drop their unrolls.
+        self.sink = SinkThread(sink_fault_from_environment(self.experience.sink), self.stop_event)
         # The step slab is shared with the serving process; one request pipe per inference device carries
         # "actor a's slot is ready", one reply pipe carries "actor a's reply is ready".
         self.slab = StepSlab.create(config.num_actors, config.envs_per_actor, self.spec.observation_shape,
@@ -151,7 +150,8 @@ class Learner:
             # HTS: a batch is every env's unroll of one rollout, arriving at once; ordered by env id it is the
             # same batch whatever the arrival order (--deterministic needs that).
             return FifoExperience(config.queue_capacity or config.batch_size, config.batch_size,
-                                  self.training_device, self.stop_event, sort_by_env=config.sync == "hts")
+                                  self.training_device, self.stop_event, self.is_eval_env,
+                                  sort_by_env=config.sync == "hts")
         # Refuse at start what the first insert would fail to allocate.
         check_fits_in_memory(config.replay_capacity, self.agent.replay_sequence_bytes(), available_memory_bytes())
         replay = PrioritizedReplay(config.replay_capacity, config.priority_exponent,
@@ -195,18 +195,6 @@ class Learner:
                 inference.run_batch(*batch)
             except Exception:  # one bad batch must not stop inference for everyone (its actors got FAILED)
                 log.exception("inference batch failed")
-
-    def _training_unrolls_to(self, sink):
-        """Wraps `sink` so that it receives only the unrolls of training envs."""
-        if self.config.num_eval_envs == 0:
-            return sink
-
-        def training_only(unrolls):
-            kept = [u for u in unrolls if int(u.env_id) < self.config.num_envs - self.config.num_eval_envs]
-            if kept:
-                sink(kept)
-
-        return training_only
 
     def is_eval_env(self, env_ids: torch.Tensor) -> torch.Tensor:
         """The last `num_eval_envs` env ids only evaluate."""

@@ -48,9 +48,6 @@ def default_config(env_family: str) -> dict[str, Any]:
 
 class Agent:
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
-        if config.burn_in != 0:
-            raise ValueError(f"--burn_in: got {config.burn_in}, expected 0 for --agent=ppo (burn-in is an R2D2 "
-                             "setting)")
         self.spec = spec
         self.config = config
         self.network = ActorCriticNetwork(spec, config)

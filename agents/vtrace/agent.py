@@ -83,10 +83,6 @@ class ActorCriticNetwork(nn.Module):
 
 class Agent:
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
-        if config.burn_in != 0:
-            # Burn-in is R2D2's: V-trace would train on the padding a fresh env's first unroll starts with.
-            raise ValueError(f"--burn_in: got {config.burn_in}, expected 0 for --agent=vtrace (burn-in is an R2D2 "
-                             "setting)")
         self.spec = spec
         self.config = config
         self.network = ActorCriticNetwork(spec, config)
