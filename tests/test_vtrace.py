@@ -65,3 +65,41 @@ def test_no_gradients_and_shape_errors():
     assert not out.vs.requires_grad and not out.pg_advantages.requires_grad
     with pytest.raises(ValueError, match=r"rewards: got shape \[3, 3\], expected \[3, 2\]"):
         from_importance_weights(torch.zeros(3, 2), torch.ones(3, 2), torch.ones(3, 3), values, torch.zeros(2))
+
+
+def test_agent_reports_off_policyness_and_advantage_metrics(tmp_path):
+    """On-policy data gives rho = 1 and nothing clipped; behaviour logits that make the taken actions less likely
+    than the trained policy does show up as rho > 1 and a clipped fraction."""
+    from seed.agents import agent_module
+    from seed.envs import make_spec
+    from seed.learner_main import resolve_config
+    from seed.unroll import TrainingBatch, Unroll
+
+    config = resolve_config({"logdir": str(tmp_path / "run"), "agent": "vtrace", "num_actors": 1,
+                             "envs_per_actor": 2})
+    agent = agent_module("vtrace").Agent(make_spec(config.env, config.env_options()), config)
+    steps, envs, generator = 6, 3, torch.Generator().manual_seed(0)
+    spec = agent.spec
+    unroll_steps = {
+        "observation": torch.randn((steps, envs, *spec.observation_shape), generator=generator),
+        "reward": torch.rand((steps, envs), generator=generator),
+        "done": torch.zeros((steps, envs), dtype=torch.bool),
+        "prev_action": torch.randint(spec.num_actions, (steps, envs), generator=generator),
+        "action": torch.randint(spec.num_actions, (steps, envs), generator=generator),
+        "valid": torch.ones(steps, envs, dtype=torch.bool),
+    }
+    state = agent.initial_state(envs)
+    with torch.no_grad():
+        logits, _, _ = agent.network(unroll_steps["observation"], unroll_steps["prev_action"],
+                                     unroll_steps["reward"], unroll_steps["done"], state)
+    on_policy = agent.loss(TrainingBatch(Unroll({**unroll_steps, "policy_logits": logits}, state,
+                                                torch.arange(envs)))).metrics
+    assert on_policy["vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-5)
+    assert on_policy["vtrace/rho_clipped_fraction"] == 0.0
+    assert on_policy["vtrace/advantage_abs_mean"] > 0.0
+    # The behaviour policy put 1/e^3 of the target's odds on each taken action: every rho = e^3 (clipped).
+    shifted = logits - 3.0 * torch.nn.functional.one_hot(unroll_steps["action"], spec.num_actions)
+    off_policy = agent.loss(TrainingBatch(Unroll({**unroll_steps, "policy_logits": shifted}, state,
+                                                 torch.arange(envs)))).metrics
+    assert off_policy["vtrace/rho_mean"] > 2.0
+    assert off_policy["vtrace/rho_clipped_fraction"] == 1.0

@@ -140,8 +140,9 @@ class Agent:
         behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1)
         target_action_log_probs = target_log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
         behaviour_action_log_probs = behaviour_log_probs.gather(-1, actions.unsqueeze(-1)).squeeze(-1)
+        log_rhos = target_action_log_probs.detach() - behaviour_action_log_probs
         returns = from_importance_weights(
-            log_rhos=target_action_log_probs.detach() - behaviour_action_log_probs,
+            log_rhos=log_rhos,
             discounts=discounts, rewards=rewards, values=baseline[:-1].detach(), bootstrap_value=baseline[-1].detach(),
             clip_rho_threshold=c.clip_rho_threshold, clip_pg_rho_threshold=c.clip_pg_rho_threshold,
             lambda_=c.lambda_)
@@ -158,6 +159,10 @@ class Agent:
             "losses/total": total.item(),
             "policy/entropy": entropy.item(),
             "V/value function": baseline[:-1].mean().item(),
+            # Off-policyness (how far the behaviour policy lags the trained one) and the learning signal.
+            "vtrace/rho_mean": log_rhos.exp().mean().item(),
+            "vtrace/rho_clipped_fraction": (log_rhos.exp() > c.clip_rho_threshold).float().mean().item(),
+            "vtrace/advantage_abs_mean": returns.pg_advantages.abs().mean().item(),
         }
         return LossOutput(total, metrics)
 
