@@ -121,7 +121,7 @@ class Learner:
         self.inference = self.inferences[0]
         self.serving = ServingProcess(self.slab.layout, self.spec, listen_addresses(config.server_address),
                                       2 * config.num_actors + 8, [w for _, w in self._request_pipes],
-                                      self._reply_read, self.metrics.record_actor_episodes,
+                                      self._reply_read, self._on_actor_episodes,
                                       security=security or TransportSecurity.from_config(config),
                                       max_message_bytes=self._max_message_bytes())
         self._inference_threads = [
@@ -206,6 +206,15 @@ class Learner:
         if is_eval.any():
             self.metrics.record_eval_episodes(episodes.returns[is_eval], episodes.lengths[is_eval])
 
+    def _on_actor_episodes(self, episodes: list[tuple[int, float]]) -> None:
+        """(env id, raw return) of episodes the actors reported finished (from the serving process)."""
+        env_ids = torch.tensor([int(env_id) for env_id, _ in episodes], dtype=torch.int64)
+        raw = np.array([float(score) for _, score in episodes], np.float64)
+        is_eval = self.is_eval_env(env_ids).numpy()
+        self.metrics.record_actor_episodes(raw[~is_eval].tolist())
+        if is_eval.any():
+            self.metrics.record_eval_scores(raw[is_eval].tolist())
+
     def request_stop(self, *_: Any) -> None:
         self.stop_event.set()
 
@@ -216,7 +225,8 @@ class Learner:
             "optimizer": self.optimizer.state_dict(),
             "counters": {"env_frames": self.metrics.env_frames, "train_steps": self.metrics.train_steps,
                          "episodes": self.metrics.episodes, "eval_returns": list(self.metrics.eval_returns),
-                         "eval_episodes": self.metrics.eval_episodes},
+                         "eval_episodes": self.metrics.eval_episodes,
+                         "eval_scores": list(self.metrics.eval_scores)},
             "seed": self.config.seed,
             "rng": rng_states(),
             "config": vars(self.config).copy(),
@@ -323,6 +333,8 @@ class Learner:
             "eval_return_running_mean_100": (float(np.mean(self.metrics.eval_returns))
                                              if self.metrics.eval_returns else None),
             "eval_episodes": self.metrics.eval_episodes,
+            "eval_score_running_mean_100": (float(np.mean(self.metrics.eval_scores))
+                                            if self.metrics.eval_scores else None),
             "seed": config.seed,
         }
         with open(os.path.join(config.logdir, "summary.json"), "w") as f:

@@ -24,11 +24,14 @@ class LearnerMetrics:
     EVAL_WINDOW = 100  # HTS-RL's protocol: the running mean of the most recent 100 evaluation episodes
 
     def __init__(self, action_repeat: int, env_frames: int = 0, train_steps: int = 0, episodes: int = 0,
-                 eval_returns: list[float] | None = None, eval_episodes: int = 0):
+                 eval_returns: list[float] | None = None, eval_episodes: int = 0,
+                 eval_scores: list[float] | None = None):
         self._lock = threading.Lock()
         # Evaluation episodes across windows (and across a resume: the checkpoint keeps them).
         self.eval_returns: collections.deque[float] = collections.deque(eval_returns or (), self.EVAL_WINDOW)
         self.eval_episodes = eval_episodes
+        # The same episodes' raw scores as the actors report them (Football: goals, without shaped rewards).
+        self.eval_scores: collections.deque[float] = collections.deque(eval_scores or (), self.EVAL_WINDOW)
         self.action_repeat = action_repeat
         self.env_frames = env_frames
         self.train_steps = train_steps
@@ -72,6 +75,11 @@ class LearnerMetrics:
         with self._lock:
             self._raw_returns.extend(raw_returns)
 
+    def record_eval_scores(self, raw_returns: list[float]) -> None:
+        """Raw scores of evaluation episodes, as the actors report them (Football: the goal difference)."""
+        with self._lock:
+            self.eval_scores.extend(raw_returns)
+
     def record_train_step(self, values: dict[str, float]) -> None:
         with self._lock:
             self.train_steps += 1
@@ -108,6 +116,8 @@ class LearnerMetrics:
                 "eval_episode_length_mean": mean(self._eval_lengths),
                 "eval/return_running_mean_100": mean(self.eval_returns),
                 "eval/episodes": self.eval_episodes,
+                # HTS-RL's evaluation score: goals in Football, where training may add shaped rewards.
+                "eval/score_running_mean_100": mean(self.eval_scores),
                 "inference_batch_size_mean": mean(self._batch_sizes),
                 "inference_latency_ms_p50": (float(np.percentile(self._latencies_s, 50)) * 1e3
                                              if self._latencies_s else None),
@@ -163,6 +173,8 @@ def progress_line(row: dict[str, Any], show_raw_return: bool = False) -> str:
         line += f" score={row['episode_raw_return_mean']:.2f}"
     if row.get("eval/return_running_mean_100") is not None:
         line += f" eval_mean100={row['eval/return_running_mean_100']:.2f} ({row['eval/episodes']} eps)"
+    if show_raw_return and row.get("eval/score_running_mean_100") is not None:
+        line += f" eval_score100={row['eval/score_running_mean_100']:.2f}"
     line += (f" batch={fmt(row['inference_batch_size_mean'], '.1f')}"
              f" latency_p50={fmt(row['inference_latency_ms_p50'], '.2f')}ms")
     if "replay_size" in row:

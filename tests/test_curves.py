@@ -77,6 +77,10 @@ def test_default_metric_is_the_eval_running_mean_where_logged(tmp_path):
     assert curves.load_run(str(tmp_path / "a"), "episode_return_mean").values.tolist() == [1, 2, 3]
     with pytest.raises(curves.CurvesError, match="no row has a value for 'losses/total'"):
         curves.load_run(str(tmp_path / "a"), "losses/total")
+    # The evaluation score (Football's goals, without the shaped checkpoint rewards) wins where it is logged.
+    logged[2][curves.EVAL_SCORE_METRIC] = 0.5
+    run = curves.load_run(write_run(tmp_path / "b", logged))
+    assert run.metric == curves.EVAL_SCORE_METRIC and run.values.tolist() == [0.5]
 
 
 def test_runs_group_by_configuration_without_seed(three_runs):

@@ -114,3 +114,24 @@ def test_vtrace_refuses_burn_in_and_too_many_eval_envs():
                                 cwd=REPO)
         assert result.returncode == 2, result.stderr
         assert field in result.stderr
+
+
+def test_eval_score_comes_from_the_eval_envs_raw_returns_and_survives_a_resume(tmp_path):
+    """The actors' raw scores (Football's goals) are split by env id: evaluation envs feed
+    eval/score_running_mean_100, the others episode_raw_return_mean; the checkpoint keeps the window."""
+    learner = Learner(_config(tmp_path, num_eval_envs=1))  # 4 envs: env id 3 evaluates
+    try:
+        learner._on_actor_episodes([(0, 2.0), (3, 1.0), (1, 4.0), (3, 0.0)])
+        row = learner.metrics.snapshot(1.0, {"window_s": 1.0})
+        assert row["episode_raw_return_mean"] == 3.0
+        assert row["eval/score_running_mean_100"] == 0.5
+        learner.checkpoint(with_experience=False)
+    finally:
+        learner.stop_event.set()
+        learner._close()
+    resumed = Learner(_config(tmp_path, num_eval_envs=1))
+    try:
+        assert list(resumed.metrics.eval_scores) == [1.0, 0.0]
+    finally:
+        resumed.stop_event.set()
+        resumed._close()

@@ -5,9 +5,11 @@ against env frames (agent steps x action repeat) and against the learner's wall-
 (`curves_<env>.png`), and writes `curves.md`: per run, the minutes and env frames until the metric first
 reached each target ("not reached" otherwise), the final value and the final env frames.
 
-- Metric: `--metric`, else per run `eval/return_running_mean_100` (the mean of the last 100 evaluation
-  episodes, HTS-RL's protocol) if the file has a value for it, else `episode_return_mean`. Rows without a
-  value (no episode finished in the window) are skipped.
+- Metric: `--metric`, else per run the first the file has a value for: `eval/score_running_mean_100` (the
+  mean raw score of the last 100 evaluation episodes, HTS-RL's protocol: goals in Football even when training
+  adds checkpoint rewards; the unclipped return in Atari), `eval/return_running_mean_100` (the same episodes'
+  returns, in files written before the score was logged), `episode_return_mean`. Rows without a value (no
+  episode finished in the window) are skipped.
 - Resumed runs: `time_s` counts seconds since that learner process started, so it restarts after a resume while
   env_frames continue from the checkpoint. A row whose time_s is below the previous row's starts a new segment;
   a segment's times are offset by the last time_s of the segments before it. Wall-clock minutes are therefore
@@ -34,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+EVAL_SCORE_METRIC = "eval/score_running_mean_100"
 EVAL_METRIC = "eval/return_running_mean_100"
 TRAIN_METRIC = "episode_return_mean"
 # Per-env default targets: exact --env values, or a family prefix ending in ':'.
@@ -122,7 +125,10 @@ def wall_minutes(time_s: list[float]) -> tuple[np.ndarray, list[int]]:
 def pick_metric(rows: list[dict[str, Any]], requested: str) -> str:
     if requested:
         return requested
-    return EVAL_METRIC if any(row.get(EVAL_METRIC) is not None for row in rows) else TRAIN_METRIC
+    for metric in (EVAL_SCORE_METRIC, EVAL_METRIC):
+        if any(row.get(metric) is not None for row in rows):
+            return metric
+    return TRAIN_METRIC
 
 
 def read_config(logdir: str) -> dict[str, Any] | None:

@@ -138,11 +138,11 @@ class ServingProcess:
       spec, addresses, max_workers, security, max_message_bytes: as for the gRPC server (seed.transport).
       request_write_fds: write ends of the request pipes, one per inference device.
       reply_read_fd: read end of the reply pipe.
-      on_episodes: called with the raw returns the actors report.
+      on_episodes: called with the (env id, raw return) pairs the actors report.
     """
 
     def __init__(self, layout: SlabLayout, spec: EnvSpec, addresses: list[str], max_workers: int,
-                 request_write_fds: list[int], reply_read_fd: int, on_episodes: Callable[[list[float]], None],
+                 request_write_fds: list[int], reply_read_fd: int, on_episodes: Callable[[list[tuple[int, float]]], None],
                  security: TransportSecurity, max_message_bytes: int):
         self._layout, self._spec, self._addresses, self._max_workers = layout, spec, addresses, max_workers
         self._security, self._max_message_bytes = security, max_message_bytes

@@ -60,7 +60,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
       spec: the learner's env spec; actors must send the same.
       slab: the shared step slab (num_actors x envs_per_actor rows).
       request_fds: one request pipe per inference device; actor a notifies request_fds[a % n].
-      on_episodes: receives the raw returns of episodes the actors report finished.
+      on_episodes: receives (env id, raw return) of each episode the actors report finished.
       stop: set when the serving process shuts down; waiting streams end with UNAVAILABLE.
     """
 
@@ -195,5 +195,5 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor}: {error}")
             actions = self._infer(actor, run_id, arrays, context)
             if message.step.finished:
-                self.on_episodes([e.raw_return for e in message.step.finished])
+                self.on_episodes([(first_env_id + e.env_index, e.raw_return) for e in message.step.finished])
             yield seed_pb2.LearnerMessage(actions=seed_pb2.ActionBatch(action=wire.encode_tensor(actions)))
