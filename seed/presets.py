@@ -24,6 +24,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         learning_rate=6e-4, entropy_cost=0.01, max_abs_reward=1.0, grad_clip_norm=40.0,
         total_environment_frames=50e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
+    # PPO on Pong for a 2-core CPU machine: CleanRL's Atari PPO recipe (rollouts of 128 steps, 4 epochs x 4
+    # minibatches, lr 2.5e-4, clip 0.1, entropy 0.01, gradient norm 0.5, GAE 0.95) on the 2013 DQN network,
+    # synchronous (HTS) with 14 training envs and 2 evaluation envs.
+    "pong_ppo": dict(
+        agent="ppo", env="atari:Pong", network="dqn_small", use_lstm=False, atari_minimal_action_set=True,
+        num_actors=2, envs_per_actor=8, num_eval_envs=2, sync="hts", sync_every=128, ppo_epochs=4,
+        ppo_minibatches=4, ppo_clip=0.1, learning_rate=2.5e-4, entropy_cost=0.01, discounting=0.99, lambda_=0.95,
+        max_abs_reward=1.0, grad_clip_norm=0.5, total_environment_frames=50e6, log_interval_s=30.0,
+        checkpoint_interval_s=300.0,
+    ),
     # V-trace on Pong for one GPU + 16 cores: the paper's network (IMPALA deep + LSTM) on the GPU.
     "pong_vtrace_gpu": dict(
         agent="vtrace", env="atari:Pong", network="impala_deep", use_lstm=True, atari_minimal_action_set=True,
@@ -38,24 +48,26 @@ PRESETS: dict[str, dict[str, Any]] = {
         total_environment_frames=200e6, log_interval_s=10.0,
     ),
     # V-trace on Football academy_empty_goal_close for a 2-core CPU machine: a small network that a CPU
-    # trains fast, scoring reward, the SMM observation.
+    # trains fast, scoring reward, the SMM observation; HTS-RL's 16 training envs plus 2 evaluation envs.
     "football_close_vtrace": dict(
         agent="vtrace", env="football:academy_empty_goal_close", network="football_small", use_lstm=False,
-        num_actors=2, envs_per_actor=4, num_eval_envs=2, batch_size=8, unroll_length=32,
+        num_actors=2, envs_per_actor=9, num_eval_envs=2, batch_size=8, unroll_length=32,
         learning_rate=6e-4, entropy_cost=0.01, discounting=0.993, lambda_=0.95,
         total_environment_frames=5e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
     "football_goal_vtrace": dict(
         agent="vtrace", env="football:academy_empty_goal", network="football_small", use_lstm=False,
-        num_actors=2, envs_per_actor=4, num_eval_envs=2, batch_size=8, unroll_length=32,
+        num_actors=2, envs_per_actor=9, num_eval_envs=2, batch_size=8, unroll_length=32,
         learning_rate=6e-4, entropy_cost=0.01, discounting=0.993, lambda_=0.95,
         total_environment_frames=20e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
-    # HTS-RL (Liu, Schwing et al. 2020) on Football academy_empty_goal_close: synchronous PPO, 16 envs, a
-    # rollout of 128 steps per env, 2 epochs x 8 minibatches, lr 3.43e-4, scoring + checkpoint rewards.
+    # HTS-RL (Liu, Schwing et al. 2020) on Football academy_empty_goal_close: synchronous PPO, 16 training envs
+    # (plus 2 evaluation envs), a rollout of 128 steps per env, 2 epochs x 8 minibatches, lr 3.43e-4, scoring +
+    # checkpoint rewards.
     "football_close_ppo": dict(
         agent="ppo", env="football:academy_empty_goal_close", network="football_small", use_lstm=False,
-        football_rewards="scoring,checkpoints", num_actors=2, envs_per_actor=8, sync="hts", sync_every=128,
+        football_rewards="scoring,checkpoints", num_actors=2, envs_per_actor=9, num_eval_envs=2, sync="hts",
+        sync_every=128,
         ppo_epochs=2, ppo_minibatches=8, ppo_clip=0.2, learning_rate=3.43e-4, entropy_cost=0.01,
         discounting=0.993, lambda_=0.95, grad_clip_norm=0.5, total_environment_frames=5e6, log_interval_s=30.0,
         checkpoint_interval_s=300.0,
@@ -71,6 +83,8 @@ PRESET_SOURCES: dict[str, str] = {
     "pong_vtrace": "IMPALA's Atari settings (unroll 20, entropy 0.01, rewards clipped to [-1, 1]) on the Nature "
                    "DQN network; batch 8 and lr 6e-4 chosen on this framework on 2 CPU cores "
                    "(docs/learning/README.md).",
+    "pong_ppo": "CleanRL's Atari PPO hyperparameters (ppo_atari.py) on the 2013 DQN network; synchronous HTS "
+                "rollouts; measured here on 2 CPU cores (docs/learning/README.md).",
     "pong_vtrace_gpu": "IMPALA deep + LSTM (the paper's network) with IMPALA's Atari settings; not yet measured "
                        "on a GPU here.",
     "pong_r2d2_gpu": "SEED paper Table 8 (the agent's Atari defaults) with a 50K-sequence replay; not yet "

@@ -196,11 +196,20 @@ def _rollout(agent, steps, envs, generator):
 
 
 def test_football_close_ppo_preset_has_hts_rl_hyperparameters(tmp_path):
-    config = _config(tmp_path, preset="football_close_ppo", num_actors=2, envs_per_actor=8)
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "football_close_ppo"})
     assert (config.agent, config.sync, config.sync_every, config.unroll_length) == ("ppo", "hts", 128, 128)
-    assert (config.num_envs, config.batch_size, config.ppo_epochs, config.ppo_minibatches) == (16, 16, 2, 8)
+    # HTS-RL's 16 training envs, plus 2 evaluation envs that the batch leaves out.
+    assert (config.num_envs, config.num_eval_envs, config.batch_size) == (18, 2, 16)
+    assert (config.ppo_epochs, config.ppo_minibatches) == (2, 8)
     assert config.learning_rate == 3.43e-4 and config.football_rewards == "scoring,checkpoints"
     assert config.network == "football_small"
+
+
+def test_pong_ppo_preset_has_cleanrl_atari_hyperparameters(tmp_path):
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "pong_ppo"})
+    assert (config.agent, config.sync, config.sync_every, config.batch_size) == ("ppo", "hts", 128, 14)
+    assert (config.ppo_epochs, config.ppo_minibatches, config.ppo_clip, config.learning_rate) == (4, 4, 0.1, 2.5e-4)
+    assert (config.entropy_cost, config.grad_clip_norm, config.lambda_) == (0.01, 0.5, 0.95)
 
 
 def test_train_rollout_is_epochs_times_minibatches_steps_and_repeatable(tmp_path):
