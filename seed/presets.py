@@ -84,7 +84,7 @@ PRESET_SOURCES: dict[str, str] = {
                    "DQN network; batch 8 and lr 6e-4 chosen on this framework on 2 CPU cores "
                    "(docs/learning/README.md).",
     "pong_ppo": "CleanRL's Atari PPO hyperparameters (ppo_atari.py) on the 2013 DQN network; synchronous HTS "
-                "rollouts; measured here on 2 CPU cores (docs/learning/README.md).",
+                "rollouts; not yet measured on Pong here.",
     "pong_vtrace_gpu": "IMPALA deep + LSTM (the paper's network) with IMPALA's Atari settings; not yet measured "
                        "on a GPU here.",
     "pong_r2d2_gpu": "SEED paper Table 8 (the agent's Atari defaults) with a 50K-sequence replay; not yet "
