@@ -83,7 +83,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             if 0 <= actor < self.num_actors:
                 self.slots[actor].replied.set()
 
-    def _check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
+    def check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
         if not 0 <= handshake.actor_index < self.num_actors:
             return (f"actor_index: got {handshake.actor_index}, "
                     f"expected 0 <= actor_index < {self.num_actors} (--num_actors)")
@@ -101,10 +101,10 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         truncated = wire.decode_tensor(step.truncated, "step.truncated", "bool", (k,))
         wire.check_step_values(reward, done, truncated)
         for i, episode in enumerate(step.finished):
-            self._check_episode(i, episode)
+            self.check_episode(i, episode)
         return observation, reward, done, truncated
 
-    def _check_episode(self, i: int, episode: seed_pb2.EpisodeStats) -> None:
+    def check_episode(self, i: int, episode: seed_pb2.EpisodeStats) -> None:
         field = f"step.finished[{i}]"
         if not 0 <= episode.env_index < self.envs_per_actor:
             raise wire.WireError(f"{field}.env_index: got {episode.env_index}, "
@@ -192,15 +192,24 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
                 f"handshook after this run 0x{run_id:x}); expected one live actor per --actor_index, but another "
                 f"actor with --actor_index={actor} connected while this one was alive")
 
+    def register(self, handshake: seed_pb2.Handshake, transport: str) -> int:
+        """Makes a checked handshake's run the live run of its actor index; returns its first env id.
+        `transport`: "grpc", or "shm" (the index's replies then also wake its reply eventfd, see slab.py)."""
+        actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
+        first_env_id = actor * num_envs
+        if transport == "shm":
+            self.slab.shm_reply[actor] = 1
+        self.slab.live_run[actor] = run_id  # from now on, requests of an older run of this actor are stale
+        print(f"[learner] actor {actor} connected over {transport} (run {run_id:x}, env ids {first_env_id}.."
+              f"{first_env_id + num_envs - 1})", flush=True)
+        return first_env_id
+
     def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
-        handshake = read_handshake(request_iterator, context, self._check_handshake)
+        handshake = read_handshake(request_iterator, context, self.check_handshake)
         if handshake is None:
             return
         actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
-        first_env_id = actor * num_envs
-        self.slab.live_run[actor] = run_id  # from now on, requests of an older run of this actor are stale
-        print(f"[learner] actor {actor} connected (run {run_id:x}, env ids {first_env_id}.."
-              f"{first_env_id + num_envs - 1})", flush=True)
+        first_env_id = self.register(handshake, "grpc")
         yield seed_pb2.LearnerMessage(
             handshake_reply=seed_pb2.HandshakeReply(first_env_id=first_env_id, learner_run=self.learner_run))
 
