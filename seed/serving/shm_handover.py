@@ -75,6 +75,7 @@ class ShmHandover:
                 listener.bind(path)
             finally:
                 os.umask(old_umask)
+            os.chmod(path, 0o600)  # connecting needs write permission only
             listener.listen(128)
             listener.settimeout(0.5)
             self._listeners.append(listener)
