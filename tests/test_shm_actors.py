@@ -220,3 +220,17 @@ def test_transport_flag_is_checked_at_start(processes, tmp_path):
     typo = processes.actor(_actor_args("unix:/nonexistent.sock", 0, transport="shared"), "typo")
     assert typo.wait(timeout=60) == 2
     assert "--transport: got 'shared', expected auto, grpc or shm" in processes.output(typo)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shm_actors,transport", [("true", "shm"), ("false", "grpc")])
+def test_cartpole_learns_through_launch_local_sh(tmp_path, shm_actors, transport):
+    """launch/local.sh's actors dial the learner's unix socket: over shared memory unless the learner refuses it."""
+    from tests.test_learning import _train_until
+
+    elapsed = _train_until(tmp_path, ["--agent=vtrace", "--env=gym:CartPole-v1", "--seed=1",
+                                      f"--shm_actors={shm_actors}"], 150, timeout_s=600)
+    output = (tmp_path / "local.log").read_text(errors="replace")
+    assert "[actor 0] connected to" in output and f"over {transport}" in output, output[-3000:]
+    assert f"over {'grpc' if transport == 'shm' else 'shm'}" not in output
+    print(f"V-trace over {transport} reached a mean return of 150 in {elapsed:.0f}s")
