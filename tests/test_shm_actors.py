@@ -10,6 +10,7 @@ import signal
 import socket
 import stat
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -85,7 +86,7 @@ def test_shm_actors_train_and_their_steps_skip_grpc(processes, tmp_path):
 
 
 def test_stale_and_superseded_requests_on_the_shm_path(processes, tmp_path):
-    learner, _, path = _start_learner(processes, tmp_path)
+    learner, address, path = _start_learner(processes, tmp_path)
     first = _link(path, 0, run_id=11)
     actions = first.step(*_step())
     assert actions.shape == (K,) and actions.dtype == np.int32
@@ -100,21 +101,28 @@ def test_stale_and_superseded_requests_on_the_shm_path(processes, tmp_path):
     second.step(*_step())  # finishes the leftover request (answered stale) before writing its own
     assert int(second.slab.request_seq[0]) == left + 1 == int(second.slab.reply_seq[0])
 
-    # A request in flight when a newer run handshakes is answered stale: its run learns it was superseded.
+    # A request in flight when a newer run handshakes is answered stale: its run learns it was superseded. The
+    # newer run (a real actor process: slot locks are per process) writes the slot only once that request is
+    # answered, since inference may be reading its rows.
     os.kill(learner.pid, signal.SIGSTOP)  # inference pauses; the serving process (handshakes) does not
     outcome = []
     try:
         thread = threading.Thread(target=lambda: outcome.append(_outcome(second)))
         thread.start()
         wait_for(lambda: int(second.slab.request_seq[0]) == left + 2, 30, "the in-flight request")
-        third = _link(path, 0, run_id=33)
+        third = processes.actor(_actor_args(address, 0, transport="shm"), "actor0-third")
+        wait_for(lambda: processes.output(learner).count("actor 0 connected over shm") == 3, 120,
+                 "the third run's handshake", on_timeout=lambda: processes.output(third))
+        time.sleep(1.0)
+        assert int(second.slab.request_seq[0]) == left + 2 and int(second.slab.request_run[0]) == 22
     finally:
         os.kill(learner.pid, signal.SIGCONT)
     thread.join(60)
     assert outcome and isinstance(outcome[0], ShmSuperseded), outcome
-    assert third.step(*_step()).shape == (K,)
-    assert learner.poll() is None
-    for link in (first, second, third):
+    wait_for(lambda: int(second.slab.request_seq[0]) > left + 10, 60, "the third run's steps",
+             on_timeout=lambda: processes.output(third))
+    assert third.poll() is None and learner.poll() is None
+    for link in (first, second):
         link.close()
 
 
