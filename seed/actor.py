@@ -38,6 +38,7 @@ from seed.transport import TransportConfigError, TransportSecurity, open_channel
 
 log = logging.getLogger(__name__)
 
+
 def _shm_path(config: ActorConfig, security: TransportSecurity) -> str | None:
     """The learner's handover socket this actor tries (--transport shm or auto), or None (gRPC only)."""
     if config.transport not in ("auto", "grpc", "shm"):

@@ -83,7 +83,7 @@ class ShmHandover:
 
     def close(self) -> None:
         """Stops listening and closes every actor's connection (they reconnect, like gRPC streams)."""
-        for listener, path in zip(self._listeners, self.paths):
+        for listener, path in zip(self._listeners, self.paths, strict=False):  # fewer if start failed
             listener.close()
             with contextlib.suppress(OSError):
                 os.unlink(path)
