@@ -158,6 +158,15 @@ def test_malformed_shm_requests_are_rejected_and_the_learner_serves_on(processes
         ShmLink.connect(path, _handshake(1, 5, num_envs=3), (), threading.Event())
     with pytest.raises(ShmRejected, match=r"actor_index: got 7, expected 0 <= actor_index < 2"):
         ShmLink.connect(path, _handshake(7, 5), (), threading.Event())
+    # Hellos that are not what the protocol says: an error naming the field, or (framing broken) the connection
+    # closes; no descriptors either way.
+    for frame, expected in ((b"not json", "hello: got 8 bytes that are not JSON"),
+                            (b'{"handshake": "%%%"}', "hello.handshake: got something that is not a base64"),
+                            (b'{"metadata": [[1, 2, 3]], "handshake": ""}', "hello.metadata: got [[1, 2, 3]]")):
+        reply, fds = _raw_frame(path, shm_protocol.encode_frame(frame))
+        assert fds == [] and reply["code"] == "INVALID_ARGUMENT" and expected in reply["details"], reply
+    reply, fds = _raw_frame(path, (1 << 30).to_bytes(4, "little") + b"x" * 64)  # a length beyond MAX_FRAME_BYTES
+    assert reply is None and fds == []
     # A malformed episodes frame gets an error naming the field, then the connection closes.
     bad = seed_pb2.StepBatch(finished=[seed_pb2.EpisodeStats(env_index=9)]).SerializeToString()
     shm_protocol.send_frame(link._sock, bad)
@@ -172,6 +181,22 @@ def test_malformed_shm_requests_are_rejected_and_the_learner_serves_on(processes
     fresh.close()
     assert learner.poll() is None
     assert "dropped" in processes.output(learner)  # the bad notifications were seen and dropped
+
+
+def _raw_frame(path: str, data: bytes) -> tuple[dict | None, list[int]]:
+    """Sends `data` on a fresh handover connection: the learner's reply (None if it just closed) and the
+    descriptors that came with it (closed again)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(30)
+        sock.connect(path)
+        sock.sendall(data)
+        try:
+            payload, fds = shm_protocol.read_frame_with_fds(sock)
+        except ConnectionResetError:  # closed with our bytes unread
+            return None, []
+        for fd in fds:
+            os.close(fd)
+        return (None if payload is None else shm_protocol.read_json(payload, "reply")), fds
 
 
 def _raw_hello(path: str, metadata: list) -> tuple[dict, list[int]]:
