@@ -267,3 +267,13 @@ def test_cartpole_learns_through_launch_local_sh(tmp_path, shm_actors, transport
     assert "[actor 0] connected to" in output and f"over {transport}" in output, output[-3000:]
     assert f"over {'grpc' if transport == 'shm' else 'shm'}" not in output
     print(f"V-trace over {transport} reached a mean return of 150 in {elapsed:.0f}s")
+
+
+def test_handover_socket_sits_beside_the_unix_socket_only():
+    assert shm_protocol.handover_path("unix:/run/seed/learner.sock") == "/run/seed/learner.sock.shm"
+    assert shm_protocol.handover_path("unix:///run/seed/learner.sock") == "/run/seed/learner.sock.shm"
+    assert shm_protocol.handover_path("unix:logs/learner.sock") == "logs/learner.sock.shm"
+    for address in ("localhost:8686", "127.0.0.1:8686", "[::1]:8686", "unix-abstract:seed"):
+        assert shm_protocol.handover_path(address) is None
+    with pytest.raises(shm_protocol.FrameError, match=f"frame: got {shm_protocol.MAX_FRAME_BYTES + 1} bytes"):
+        shm_protocol.encode_frame(b"x" * (shm_protocol.MAX_FRAME_BYTES + 1))
