@@ -145,7 +145,13 @@ def _start_handover(config: ServingConfig, service: Any, stop: threading.Event) 
     if not config.shm_reply_fds or config.security.tls or not paths:
         return None
     handover = ShmHandover(service, paths, config.shm_reply_fds, config.security.auth_token, stop)
-    handover.start()
+    try:
+        handover.start()
+    except OSError as error:  # e.g. `<path>.shm` longer than a unix socket path may be: gRPC actors still work
+        handover.close()
+        print(f"[learner] shared-memory path for local actors not offered: {paths}: {error}", file=sys.stderr,
+              flush=True)
+        return None
     return handover
 
 
