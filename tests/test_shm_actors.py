@@ -277,3 +277,20 @@ def test_handover_socket_sits_beside_the_unix_socket_only():
         assert shm_protocol.handover_path(address) is None
     with pytest.raises(shm_protocol.FrameError, match=f"frame: got {shm_protocol.MAX_FRAME_BYTES + 1} bytes"):
         shm_protocol.encode_frame(b"x" * (shm_protocol.MAX_FRAME_BYTES + 1))
+
+
+def test_a_learner_with_mutual_tls_offers_no_shm_path(processes, tmp_path):
+    """A TLS identity cannot be checked on the handover socket: the path is off, and an actor asking for it with
+    --tls_* is a configuration error."""
+    from tests.certs import make_pki
+
+    pki = make_pki(str(tmp_path / "pki"))
+    tls = dict(tls_cert=pki.server_cert, tls_key=pki.server_key, tls_ca=pki.ca)
+    learner, address, path = _start_learner(processes, tmp_path, **tls)
+    assert not os.path.exists(path)
+    actor = processes.actor(_actor_args(address, 0, transport="shm", tls_cert=pki.client_cert,
+                                        tls_key=pki.client_key, tls_ca=pki.ca), "tls-shm")
+    assert actor.wait(timeout=60) == 2
+    assert "--transport=shm: got --server_address=" in processes.output(actor)
+    assert "with mutual TLS" in processes.output(actor)
+    assert learner.poll() is None
