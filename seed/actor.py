@@ -9,7 +9,9 @@ and ends the actor. A newer actor run that handshakes with this actor's index ta
 how a restarted actor replaces its dead predecessor); if this actor is still alive, its stream ends with
 `wire.SUPERSEDED` and the actor ends too, rather than evicting the newer one in turn. SIGTERM ends it
 cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
-call's metadata (seed/transport/).
+call's metadata (seed/transport/). With --transport=shm (or auto, the default, when --server_address is a unix
+socket and the learner offers it) the actor attaches to the learner's step slab instead and its steps skip
+protobuf and gRPC (seed/shm_actor_link.py); handshake, token, superseded runs and reconnection are the same.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import queue
 import random
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import grpc
 import numpy as np
@@ -30,9 +32,25 @@ from seed.actor_stats import ActorStats
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch
-from seed.transport import TransportSecurity, open_channel
+from seed.serving.shm_protocol import handover_path
+from seed.shm_actor_link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
+from seed.transport import TransportConfigError, TransportSecurity, open_channel
 
 log = logging.getLogger(__name__)
+
+
+def _shm_path(config: ActorConfig, security: TransportSecurity) -> str | None:
+    """The learner's handover socket this actor tries (--transport shm or auto), or None (gRPC only)."""
+    if config.transport not in ("auto", "grpc", "shm"):
+        raise TransportConfigError(f"--transport: got {config.transport!r}, expected auto, grpc or shm")
+    path = handover_path(config.server_address) if config.transport != "grpc" else None
+    if config.transport == "shm" and (path is None or security.tls):
+        raise TransportConfigError(
+            f"--transport=shm: got --server_address={config.server_address!r}"
+            f"{' with mutual TLS' if security.tls else ''}, expected a unix: socket of a learner on this host "
+            "without --tls_* (the shared-memory path cannot check a TLS identity)")
+    return None if security.tls else path
+
 
 class ConfigurationError(RuntimeError):
     """The learner rejected this actor (e.g. a different env spec): retrying cannot help."""
@@ -98,6 +116,8 @@ class Actor:
                                          config.actor_index * config.envs_per_actor, config.env_options())
         self.spec = self.envs.spec
         self.security = TransportSecurity.from_config(config)
+        self.shm_path = _shm_path(config, self.security)
+        self.transport = ""  # of the current connection: grpc or shm
         self.agent_steps = 0
         self.latencies_s: list[float] = []  # round trips of the current log window
         self.connections = 0
@@ -131,9 +151,27 @@ class Actor:
                     print(f"[actor {self.config.actor_index}] learner unavailable ({error.code().name}: "
                           f"{error.details()}); reconnecting in {delay:.1f}s", flush=True)
                     self.stop.wait(delay)
+                except ShmRejected as error:
+                    if self.stop.is_set():
+                        break
+                    if error.code in ("INVALID_ARGUMENT", "UNAUTHENTICATED"):
+                        raise ConfigurationError(error.details) from None
+                    self._shm_failed(backoff, error, steps_before)
+                except ShmSuperseded as error:
+                    raise SupersededError(str(error)) from None
+                except ShmUnavailable as error:
+                    if self.stop.is_set():
+                        break
+                    self._shm_failed(backoff, error, steps_before)
         finally:
             self.stats.write(final=True)
             self.envs.close()
+
+    def _shm_failed(self, backoff: ReconnectBackoff, error: Exception, steps_before: int) -> None:
+        delay = backoff.after_failure(streamed=self.agent_steps > steps_before)
+        print(f"[actor {self.config.actor_index}] learner unavailable over shm ({error}); reconnecting in "
+              f"{delay:.1f}s", flush=True)
+        self.stop.wait(delay)
 
     def _wait_for_learner(self, channel: grpc.Channel) -> None:
         """Waits until the channel connects; says once when a connection attempt failed (no learner there yet,
@@ -162,45 +200,91 @@ class Actor:
         finally:
             channel.unsubscribe(on_state)
 
+    def _handshake(self, run_id: int) -> seed_pb2.Handshake:
+        return seed_pb2.Handshake(actor_index=self.config.actor_index, run_id=run_id,
+                                  num_envs=self.config.envs_per_actor, spec=wire.spec_to_proto(self.spec))
+
     def _run_connection(self) -> None:
         run_id = random.SystemRandom().getrandbits(63)
+        link = None
         with open_channel(self.config.server_address, self.security) as channel:
-            self._wait_for_learner(channel)
+            self._wait_for_learner(channel)  # the learner serves gRPC before it offers shm: wait on either path
             if self.stop.is_set():
                 return
-            self._stream = stream = _Stream(seed_pb2_grpc.LearnerStub(channel), self.security.call_metadata())
-            try:
-                self._serve(stream, run_id)
-            finally:
-                self._stream = None
-                stream.close()
+            if self.shm_path:
+                link = self._attach_shm(run_id)
+            if link is None:
+                self._stream = stream = _Stream(seed_pb2_grpc.LearnerStub(channel), self.security.call_metadata())
+                try:
+                    self._serve(stream, run_id)
+                finally:
+                    self._stream = None
+                    stream.close()
+                return
+        try:
+            self._serve_shm(link, run_id)
+        finally:
+            link.close()
+
+    def _attach_shm(self, run_id: int) -> ShmLink | None:
+        """The shared-memory link of this run, or None to use gRPC (--transport=auto and the learner offers no
+        shm: no handover socket, e.g. --shm_actors=false). Raises ShmUnavailable for --transport=shm."""
+        try:
+            return ShmLink.connect(self.shm_path, self._handshake(run_id), self.security.call_metadata(), self.stop)
+        except ShmUnavailable as error:
+            if self.config.transport == "shm":
+                raise
+            print(f"[actor {self.config.actor_index}] no shared-memory path ({error}); using gRPC", flush=True)
+            return None
+
+    def _serve_shm(self, link: ShmLink, run_id: int) -> None:
+        self._connected(link.first_env_id, run_id, "shm")
+
+        def exchange(step: BatchStep) -> np.ndarray:
+            actions = link.step(step.observation, step.reward.astype(np.float32, copy=False), step.done,
+                                step.truncated)
+            if step.finished:
+                link.send_episodes([wire.episode_to_proto(e) for e in step.finished])
+            return actions
+
+        self._step_loop(exchange)
+
+    def _connected(self, first_env_id: int, run_id: int, transport: str) -> None:
+        self.connections += 1
+        self.transport = transport
+        print(f"[actor {self.config.actor_index}] connected to {self.config.server_address} over {transport} "
+              f"(env ids from {first_env_id}, run {run_id:x})", flush=True)
 
     def _serve(self, stream: _Stream, run_id: int) -> None:
+        reply = stream.call(seed_pb2.ActorMessage(handshake=self._handshake(run_id)))
+        self._connected(reply.handshake_reply.first_env_id, run_id, "grpc")
+        k = self.config.envs_per_actor
+
+        def exchange(step: BatchStep) -> np.ndarray:
+            reply = stream.call(seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
+                observation=wire.encode_tensor(step.observation),
+                reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
+                done=wire.encode_tensor(step.done),
+                truncated=wire.encode_tensor(step.truncated),
+                finished=[wire.episode_to_proto(e) for e in step.finished],
+                actor_send_time=time.time())))
+            return wire.decode_tensor(reply.actions.action, "actions.action", "int32", (k,))
+
+        self._step_loop(exchange)
+
+    def _step_loop(self, exchange: Callable[[BatchStep], np.ndarray]) -> None:
+        """Steps the envs until `stop`; `exchange` hands one step to the learner and returns its actions."""
         config = self.config
-        reply = stream.call(seed_pb2.ActorMessage(handshake=seed_pb2.Handshake(
-            actor_index=config.actor_index, run_id=run_id, num_envs=config.envs_per_actor,
-            spec=wire.spec_to_proto(self.spec))))
-        self.connections += 1
-        print(f"[actor {config.actor_index}] connected to {config.server_address} "
-              f"(env ids from {reply.handshake_reply.first_env_id}, run {run_id:x})", flush=True)
         k = config.envs_per_actor
         # A new run starts every env afresh: the learner treats first contact as an episode start.
         step = BatchStep(self.envs.reset(), np.zeros(k, np.float32), np.zeros(k, bool), np.zeros(k, bool), [])
         last_log = time.monotonic()
         steps_at_last_log = self.agent_steps
         while not self.stop.is_set():
-            message = seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
-                observation=wire.encode_tensor(step.observation),
-                reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
-                done=wire.encode_tensor(step.done),
-                truncated=wire.encode_tensor(step.truncated),
-                finished=[wire.episode_to_proto(e) for e in step.finished],
-                actor_send_time=time.time()))
             sent = time.perf_counter()
-            reply = stream.call(message)
+            actions = exchange(step)  # the round trip: encoding and decoding included on gRPC
             latency = time.perf_counter() - sent
             self.latencies_s.append(latency)
-            actions = wire.decode_tensor(reply.actions.action, "actions.action", "int32", (k,))
             step = self.envs.step(actions)
             self.agent_steps += k
             self.stats.record(k, latency)

@@ -67,6 +67,10 @@ class ActorConfig(EnvOptions, TransportOptions):
                                  "'' = off. Used by seed-bench.")
     stats_interval_s: float = _field(1.0, "Seconds between rows of --stats_file (one more is written on exit).")
     tls_server_name: str = _field("", "Mutual TLS: the name on the learner's certificate, if not the dialled host.")
+    transport: str = _field("auto", "How steps reach the learner: grpc; shm (a unix: --server_address on the "
+                                    "learner's host: the actor writes the learner's shared step slab itself, "
+                                    "no protobuf or gRPC per step); auto = shm when the address is a unix socket "
+                                    "and the learner offers it (see --shm_actors), else grpc.")
 
 
 @dataclasses.dataclass
@@ -80,6 +84,9 @@ class LearnerConfig(EnvOptions, TransportOptions):
     allow_insecure_remote: bool = _field(False, "Listen on a non-loopback --server_address without a token or TLS "
                                                 "(anyone who reaches the port can drive the learner).")
     num_actors: int = _field(2, "Actor processes the learner accepts (actor_index in [0, num_actors)).")
+    shm_actors: bool = _field(True, "Offer actors on this host that dial a unix: address the shared-memory path "
+                                    "(they write the step slab themselves; <socket>.shm hands over its "
+                                    "descriptors after the same token check). Never offered with mutual TLS.")
     inference_batch_size: int = _field(-1, "Env rows per inference batch; -1 = max(envs_per_actor, num_envs // 2).")
     batch_timeout_ms: float = _field(2.0, "Run a partial inference batch this long after its oldest request.")
     inference_device: str = _field("cpu", "Device for inference: cpu or cuda:N.")

@@ -21,12 +21,12 @@ import torch
 from seed.contracts import FinishedEpisodes, InferenceBatch
 from seed.parameters import ParameterPublisher
 from seed.policy import EagerPolicy, GraphedPolicy
-from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
+from seed.serving.slab import REPLY_FAILED, REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
 from seed.state_table import StateTable
 from seed.sync_gate import RolloutGate
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
-from seed.wire import to_torch
+from seed.wire import WireError, check_step_values, to_torch
 
 log = logging.getLogger(__name__)
 
@@ -185,6 +185,27 @@ class CentralInference:
         np.take(self._observations_np, env_ids, axis=0, out=self._staging_np[:len(env_ids)], mode="clip")
         return slab.arrival_s[actors], slab.reward[env_ids], slab.done[env_ids], slab.truncated[env_ids]
 
+    def _invalid(self, actors: np.ndarray, seqs: np.ndarray, reward: np.ndarray, done: np.ndarray,
+                 truncated: np.ndarray) -> np.ndarray:
+        """bool [n]: the requests whose copied values fail `wire.check_step_values` (rewards float32 [n * K],
+        done and truncated bool [n * K]); each is answered REPLY_INVALID with the check's message."""
+        k = self.k
+        bad_rows = ~np.isfinite(reward) | (done.view(np.uint8) > 1) | (truncated.view(np.uint8) > 1)
+        invalid = bad_rows.reshape(-1, k).any(axis=1)
+        if not invalid.any():
+            return invalid
+        for i in np.flatnonzero(invalid).tolist():
+            rows = slice(i * k, (i + 1) * k)
+            try:
+                check_step_values(reward[rows], done[rows], truncated[rows])
+                message = "step: got values that fail the step checks, expected finite rewards and 0/1 flags"
+            except WireError as error:
+                message = str(error)
+            self.slab.set_error(int(actors[i]), message)
+            log.warning("actor %d: invalid request %d rejected: %s", actors[i], seqs[i], message)
+        self._answer(actors[invalid], seqs[invalid], REPLY_INVALID)
+        return invalid
+
     def _serve(self, actors: np.ndarray, seqs: np.ndarray, runs: np.ndarray
                ) -> tuple[list[Unroll], dict[str, float]] | None:
         """Serves live requests; returns the completed unrolls and the milliseconds spent per stage: prepare
@@ -198,11 +219,16 @@ class CentralInference:
         # rewritten while we copied it (the serving protocol rules it out; a copy torn between two runs must
         # still never become a step). Its new request has a notification of its own; this one is dropped.
         changed = (slab.request_seq[actors] != seqs) | (slab.request_run[actors] != runs)
-        if changed.any():
-            rows = np.repeat(~changed, k)
+        # Rows an shm actor wrote itself were never decoded by the serving process: the values it checks are
+        # checked here, on our copies (so the actor cannot change them after the check), and a bad request is
+        # answered REPLY_INVALID with the reason instead of becoming a step.
+        invalid = self._invalid(actors, seqs, reward, done, truncated) & ~changed
+        dropped = changed | invalid
+        if dropped.any():
+            rows = np.repeat(~dropped, k)
             kept = int(rows.sum())
             self._staging_np[:kept] = self._staging_np[:len(rows)][rows]
-            actors, seqs, runs, arrivals = actors[~changed], seqs[~changed], runs[~changed], arrivals[~changed]
+            actors, seqs, runs, arrivals = actors[~dropped], seqs[~dropped], runs[~dropped], arrivals[~dropped]
             env_ids, reward, done, truncated = env_ids[rows], reward[rows], done[rows], truncated[rows]
             if not len(actors):
                 return None

@@ -101,7 +101,11 @@ class Learner:
                                     self.spec.observation_dtype)
         self._request_pipes = [os.pipe() for _ in self.inference_devices]
         self._reply_read, self._reply_write = os.pipe()
-        reply = lambda actors: send_replies(self._reply_write, actors)
+        # Actors on this host may write the slab themselves (--shm_actors, seed/shm_actor_link.py): each index
+        # has a reply eventfd, woken besides the reply pipe once an actor of that index attached that way.
+        self._shm_reply_fds = ([os.eventfd(0, os.EFD_CLOEXEC) for _ in range(config.num_actors)]
+                               if config.shm_actors else [])
+        reply = functools.partial(self._reply, self._reply_write, self._shm_reply_fds)
         # One inference network, state table, unroll store and batcher per inference device; actor a is
         # served by device a % n, so each env's rows live on exactly one device.
         self.inferences = [
@@ -116,14 +120,15 @@ class Learner:
         ]
         self.dropped_lagging_batches = 0  # --max_policy_lag
         self.batchers = [RequestBatcher(read_fd, self.slab, config.inference_batch_size,
-                                        config.batch_timeout_ms / 1000.0)
-                         for read_fd, _ in self._request_pipes]
+                                        config.batch_timeout_ms / 1000.0, i, len(self._request_pipes))
+                         for i, (read_fd, _) in enumerate(self._request_pipes)]
         self.inference = self.inferences[0]
         self.serving = ServingProcess(self.slab.layout, self.spec, listen_addresses(config.server_address),
                                       2 * config.num_actors + 8, [w for _, w in self._request_pipes],
                                       self._reply_read, self._on_actor_episodes,
                                       security=security or TransportSecurity.from_config(config),
-                                      max_message_bytes=self._max_message_bytes())
+                                      max_message_bytes=self._max_message_bytes(),
+                                      shm_reply_fds=self._shm_reply_fds)
         self._inference_threads = [
             SupervisedThread(functools.partial(self._serve_inference, inference, batcher), f"inference-{i}")
             for i, (inference, batcher) in enumerate(zip(self.inferences, self.batchers, strict=True))
@@ -178,6 +183,14 @@ class Learner:
         observation = int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
         step = k * (observation + 4 + 1 + 1 + 64)  # frames, reward, done, truncated, a finished episode each
         return 2 * step + (1 << 20)
+
+    def _reply(self, reply_pipe: int, shm_reply_fds: list[int], actors: np.ndarray) -> None:
+        """Tells the actors whose slots hold a reply: the serving process through the reply pipe (its gRPC
+        streams), and the reply eventfd of every index that ever attached over shared memory."""
+        send_replies(reply_pipe, actors)
+        if shm_reply_fds:
+            for actor in actors[self.slab.shm_reply[actors] != 0].tolist():
+                os.eventfd_write(shm_reply_fds[actor], 1)
 
     def _serve_inference(self, inference: CentralInference, batcher: RequestBatcher) -> None:
         """One inference device's loop: batches of ready slots until the learner stops."""
@@ -346,12 +359,13 @@ class Learner:
 
     def _close(self) -> None:
         """Releases the slab's descriptor and the pipes (the serving process has exited)."""
-        for fd in (self._reply_read, self._reply_write, *(fd for pipe in self._request_pipes for fd in pipe)):
+        for fd in (self._reply_read, self._reply_write, *(fd for pipe in self._request_pipes for fd in pipe),
+                   *self._shm_reply_fds):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self._request_pipes, self._reply_read, self._reply_write = [], -1, -1
+        self._request_pipes, self._reply_read, self._reply_write, self._shm_reply_fds = [], -1, -1, []
         self.slab.release()
 
     def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:

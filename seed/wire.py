@@ -46,12 +46,29 @@ def decode_tensor(tensor: seed_pb2.Tensor, field: str, dtype: str, shape: tuple[
     if len(data) != expected_bytes:
         raise WireError(f"{field}.data: got {len(data)} bytes, expected {expected_bytes}")
     if dtype == "bool":
-        raw = np.frombuffer(data, dtype=np.uint8)
-        bad = np.flatnonzero(raw > 1)
-        if len(bad):
-            raise WireError(f"{field}.data: got byte value {raw[bad[0]]} at index {bad[0]} ({len(bad)} such bytes), "
-                            "expected 0 or 1 for dtype 'bool'")
+        check_bool_bytes(f"{field}.data", np.frombuffer(data, dtype=np.uint8))
     return np.frombuffer(data, dtype=dtype).reshape(shape)
+
+
+def check_bool_bytes(field: str, raw: np.ndarray) -> None:
+    """Raises WireError unless every byte of `raw` (uint8, any shape) is 0 or 1."""
+    raw = raw.reshape(-1)
+    bad = np.flatnonzero(raw > 1)
+    if len(bad):
+        raise WireError(f"{field}: got byte value {raw[bad[0]]} at index {bad[0]} ({len(bad)} such bytes), "
+                        "expected 0 or 1 for dtype 'bool'")
+
+
+def check_step_values(reward: np.ndarray, done: np.ndarray, truncated: np.ndarray) -> None:
+    """The value checks of one step of K envs, whatever carried it: rewards float32 [K] finite, done and
+    truncated bool [K] holding only bytes 0 and 1 (read as uint8, so a byte 2 is seen, not taken as True).
+    Raises WireError naming the field (as in a StepBatch), the value received and the value expected."""
+    if not np.isfinite(reward).all():
+        index = int(np.flatnonzero(~np.isfinite(reward))[0])
+        raise WireError(f"step.reward: got a non-finite value, expected finite rewards "
+                        f"({reward.reshape(-1)[index]} at index {index})")
+    check_bool_bytes("step.done.data", np.asarray(done).view(np.uint8))
+    check_bool_bytes("step.truncated.data", np.asarray(truncated).view(np.uint8))
 
 
 def spec_to_proto(spec: EnvSpec) -> seed_pb2.EnvSpec:

@@ -1,6 +1,7 @@
 """Actor reconnection: the backoff policy, and one live actor per actor index (a newer run takes the index over,
 a still-live older one is told it is superseded and exits instead of evicting it back)."""
 
+import functools
 import signal
 import threading
 import time
@@ -12,7 +13,8 @@ from seed.actor import Actor, ReconnectBackoff, SupersededError
 from seed.actor_main import SUPERSEDED_EXIT_CODE
 from seed.config import ActorConfig
 from tests.conftest import read_metrics, wait_for
-from tests.test_end_to_end import _actor_args, _learner_args
+from tests.test_end_to_end import _actor_args as _any_actor_args
+from tests.test_end_to_end import _learner_args
 
 
 def test_backoff_doubles_up_to_the_maximum_and_starts_over_after_a_connection_that_streamed():
@@ -88,14 +90,19 @@ def _connects(processes, process, index):
     return processes.output(process).count(f"[actor {index}] connected to")
 
 
-def test_second_live_actor_with_one_index_supersedes_the_first_which_exits(processes, tmp_path):
+@pytest.mark.parametrize("transport,later", [("grpc", "grpc"), ("shm", "shm"), ("grpc", "shm")])
+def test_second_live_actor_with_one_index_supersedes_the_first_which_exits(processes, tmp_path, transport, later):
+    """`transport`: the first actors'; `later`: the duplicate's and the restarted actor's (--transport)."""
     logdir = str(tmp_path / "run")
     address = f"unix:{tmp_path}/learner.sock"
     learner = processes.learner(_learner_args(logdir, address))
+    _actor_args = functools.partial(_any_actor_args, transport=transport)
     first = processes.actor(_actor_args(address, 0), "actor0")
     other = processes.actor(_actor_args(address, 1), "actor1")
+    _actor_args = functools.partial(_any_actor_args, transport=later)
     wait_for(lambda: _train_steps(logdir) >= 5, 90, "training", on_timeout=lambda: processes.output(learner))
     wait_for(lambda: _connects(processes, first, 0) == 1, 30, "actor 0 to connect")
+    assert f"over {transport}" in processes.output(first)
     # A second live actor claims index 0: the newer run wins, the older one is told and exits.
     duplicate = processes.actor(_actor_args(address, 0), "actor0-duplicate")
     wait_for(lambda: first.poll() is not None, 60, "the superseded actor to exit",
@@ -109,6 +116,7 @@ def test_second_live_actor_with_one_index_supersedes_the_first_which_exits(proce
     wait_for(lambda: _train_steps(logdir) >= steps + 10, 60, "training after the duplicate exited",
              on_timeout=lambda: processes.output(learner) + processes.output(duplicate))
     assert duplicate.poll() is None and other.poll() is None
+    assert f"over {later}" in processes.output(duplicate)
     assert _connects(processes, duplicate, 0) == 1 and _connects(processes, other, 1) == 1
     assert processes.output(learner).count("actor 0 connected") == 2
     # A SIGKILLed actor restarted with its index is a replacement, not a duplicate: it reconnects and stays.

@@ -10,6 +10,7 @@ multiple of the message size returns whole messages. The data itself is in the s
 
 from __future__ import annotations
 
+import logging
 import os
 import select
 import time
@@ -20,6 +21,8 @@ from seed.serving.slab import StepSlab
 
 REQUEST_DTYPE = np.dtype([("actor", "<i8"), ("seq", "<i8")])
 _PIPE_BUF = 4096  # POSIX minimum; Linux's is the same
+
+log = logging.getLogger(__name__)
 
 
 def send_request(fd: int, actor: int, seq: int) -> None:
@@ -54,9 +57,14 @@ class RequestBatcher:
 
     `next_batch(wait_s)` -> (actors int64 [n], seqs int64 [n]) in arrival order, or None if nothing arrived
     within `wait_s` seconds (so the caller can check for shutdown).
+
+    Actors on the learner's host write this pipe themselves (seed/shm_actor_link.py), so a notification is not
+    trusted: one naming an actor outside [0, num_actors) or served by another device (actor % num_devices !=
+    device_index) is dropped and counted in `rejected`, never used as an index.
     """
 
-    def __init__(self, fd: int, slab: StepSlab, batch_rows: int, timeout_s: float):
+    def __init__(self, fd: int, slab: StepSlab, batch_rows: int, timeout_s: float, device_index: int = 0,
+                 num_devices: int = 1):
         if batch_rows < 1:
             raise ValueError(f"inference_batch_size: got {batch_rows}, expected >= 1")
         if timeout_s < 0:
@@ -70,6 +78,8 @@ class RequestBatcher:
         self._poll.register(fd, select.POLLIN)
         self._pending = np.empty(0, REQUEST_DTYPE)
         self._partial = b""
+        self._device_index, self._num_devices = device_index, num_devices
+        self.rejected = 0  # notifications dropped as malformed
 
     def _fill(self, timeout_s: float) -> bool:
         """Reads whatever notifications arrive within `timeout_s`; whether any did."""
@@ -81,12 +91,25 @@ class RequestBatcher:
         data = self._partial + data
         whole = len(data) - len(data) % REQUEST_DTYPE.itemsize
         self._partial = data[whole:]
-        self._pending = np.concatenate([self._pending, np.frombuffer(data[:whole], REQUEST_DTYPE)])
+        requests = np.frombuffer(data[:whole], REQUEST_DTYPE)
+        actors = requests["actor"]
+        in_range = (actors >= 0) & (actors < self._slab.layout.num_actors)
+        ours = in_range & (actors % self._num_devices == self._device_index)
+        if not ours.all():
+            self.rejected += int((~ours).sum())
+            log.warning("request pipe of device %d: dropped %d notifications naming actors %s, expected "
+                        "0 <= actor < %d with actor %% %d == %d", self._device_index, int((~ours).sum()),
+                        actors[~ours][:5].tolist(), self._slab.layout.num_actors, self._num_devices,
+                        self._device_index)
+            requests = requests[ours]
+        self._pending = np.concatenate([self._pending, requests])
         return True
 
     def next_batch(self, wait_s: float) -> tuple[np.ndarray, np.ndarray] | None:
-        if not len(self._pending) and not self._fill(wait_s):
-            return None
+        if not len(self._pending):
+            self._fill(wait_s)
+            if not len(self._pending):  # nothing came, or only notifications that were dropped
+                return None
         deadline = float(self._slab.arrival_s[self._pending["actor"]].min()) + self.timeout_s
         while len(self._pending) < self._max_requests:
             if not self._fill(max(0.0, deadline - time.monotonic())):

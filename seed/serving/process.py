@@ -46,6 +46,7 @@ class ServingConfig:
     parent_pid: int
     max_message_bytes: int
     security: TransportSecurity  # the token travels on the process's stdin, never in its argv
+    shm_reply_fds: list[int] = dataclasses.field(default_factory=list)  # per actor; empty: no shm actors
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -123,11 +124,35 @@ def serve(config: ServingConfig) -> None:
     except (RuntimeError, ValueError) as error:
         events.send(error=str(error))
         sys.exit(3)
+    handover = _start_handover(config, service, stop)
     events.send(bound=bound)
     while not terminated[0] and not stop.wait(0.2):
         pass
     stop.set()
+    if handover is not None:
+        handover.close()
     server.stop(grace=1.0).wait(5)
+
+
+def _start_handover(config: ServingConfig, service: Any, stop: threading.Event) -> Any:
+    """The shared-memory handover on `<path>.shm` of every unix listen address (seed/serving/shm_handover.py),
+    or None: the learner refused shm actors (--shm_actors=false), requires mutual TLS (no TLS identity can be
+    checked on that socket), or listens on no unix socket."""
+    from seed.serving.shm_handover import ShmHandover
+    from seed.serving.shm_protocol import handover_path
+
+    paths = [path for path in map(handover_path, config.addresses) if path]
+    if not config.shm_reply_fds or config.security.tls or not paths:
+        return None
+    handover = ShmHandover(service, paths, config.shm_reply_fds, config.security.auth_token, stop)
+    try:
+        handover.start()
+    except OSError as error:  # e.g. `<path>.shm` longer than a unix socket path may be: gRPC actors still work
+        handover.close()
+        print(f"[learner] shared-memory path for local actors not offered: {paths}: {error}", file=sys.stderr,
+              flush=True)
+        return None
+    return handover
 
 
 class ServingProcess:
@@ -139,15 +164,18 @@ class ServingProcess:
       request_write_fds: write ends of the request pipes, one per inference device.
       reply_read_fd: read end of the reply pipe.
       on_episodes: called with the (env id, raw return) pairs the actors report.
+      shm_reply_fds: one reply eventfd per actor index, handed to actors that attach over shared memory;
+        empty or None: the serving process offers no shared-memory path.
     """
 
     def __init__(self, layout: SlabLayout, spec: EnvSpec, addresses: list[str], max_workers: int,
                  request_write_fds: list[int], reply_read_fd: int, on_episodes: Callable[[list[tuple[int, float]]], None],
-                 security: TransportSecurity, max_message_bytes: int):
+                 security: TransportSecurity, max_message_bytes: int, shm_reply_fds: list[int] | None = None):
         self._layout, self._spec, self._addresses, self._max_workers = layout, spec, addresses, max_workers
         self._security, self._max_message_bytes = security, max_message_bytes
         self._request_fds, self._reply_fd = request_write_fds, reply_read_fd
         self._on_episodes = on_episodes
+        self._shm_reply_fds = list(shm_reply_fds or [])
         self._process: subprocess.Popen | None = None
         self._ready = threading.Event()
         self._error: str | None = None
@@ -161,8 +189,8 @@ class ServingProcess:
         self._error = None
         config = ServingConfig(self._layout, self._spec, self._addresses, self._request_fds, self._reply_fd,
                                events_write, self._max_workers, os.getpid(), self._max_message_bytes,
-                               self._security)
-        fds = (*self._request_fds, self._reply_fd, events_write, self._layout.fd)
+                               self._security, self._shm_reply_fds)
+        fds = (*self._request_fds, self._reply_fd, events_write, self._layout.fd, *self._shm_reply_fds)
         self._process = subprocess.Popen([sys.executable, "-m", "seed.serving.process"], stdin=subprocess.PIPE,
                                          pass_fds=fds, text=True)
         os.close(events_write)

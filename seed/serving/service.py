@@ -14,6 +14,7 @@ FAILED_PRECONDITION (`wire.SUPERSEDED`), which tells a still-live actor to exit;
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
 
@@ -24,7 +25,7 @@ from seed import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs.base import EnvSpec
 from seed.serving import notify
-from seed.serving.slab import REPLY_OK, REPLY_STALE, StepSlab
+from seed.serving.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
 
 
 def read_handshake(request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext,
@@ -65,7 +66,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
     """
 
     def __init__(self, spec: EnvSpec, slab: StepSlab, request_fds: list[int],
-                 on_episodes: Callable[[list[float]], None], stop: threading.Event):
+                 on_episodes: Callable[[list[tuple[int, float]]], None], stop: threading.Event):
         self.spec = spec
         self.slab = slab
         self.num_actors = slab.layout.num_actors
@@ -82,7 +83,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             if 0 <= actor < self.num_actors:
                 self.slots[actor].replied.set()
 
-    def _check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
+    def check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
         if not 0 <= handshake.actor_index < self.num_actors:
             return (f"actor_index: got {handshake.actor_index}, "
                     f"expected 0 <= actor_index < {self.num_actors} (--num_actors)")
@@ -98,13 +99,12 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         reward = wire.decode_tensor(step.reward, "step.reward", "float32", (k,))
         done = wire.decode_tensor(step.done, "step.done", "bool", (k,))
         truncated = wire.decode_tensor(step.truncated, "step.truncated", "bool", (k,))
-        if not np.isfinite(reward).all():
-            raise wire.WireError("step.reward: got a non-finite value, expected finite rewards")
+        wire.check_step_values(reward, done, truncated)
         for i, episode in enumerate(step.finished):
-            self._check_episode(i, episode)
+            self.check_episode(i, episode)
         return observation, reward, done, truncated
 
-    def _check_episode(self, i: int, episode: seed_pb2.EpisodeStats) -> None:
+    def check_episode(self, i: int, episode: seed_pb2.EpisodeStats) -> None:
         field = f"step.finished[{i}]"
         if not 0 <= episode.env_index < self.envs_per_actor:
             raise wire.WireError(f"{field}.env_index: got {episode.env_index}, "
@@ -124,28 +124,48 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         slot, slab = self.slots[actor], self.slab
         request_fd = self.request_fds[actor % len(self.request_fds)]
         with slot.lock:
-            if int(slab.live_run[actor]) != run_id:
-                context.abort(wire.SUPERSEDED, self._replaced(actor, run_id))
-            left = slab.unanswered(actor)
-            if left is not None:
-                # A serving process before this one wrote this request and died waiting for its reply (our own
-                # requests are always answered before the lock is released). Inference may be reading its rows
-                # right now, so the slot is ours only once it is answered. It may never have been notified:
-                # notify it again (inference answers it, stale since our handshake, or re-wakes it if it did).
-                slot.replied.clear()
-                notify.send_request(request_fd, actor, left)
-                self._await_reply(actor, left, context)
-            slot.replied.clear()
-            seq = slab.write_request(actor, run_id, *arrays)
-            notify.send_request(request_fd, actor, seq)
-            self._await_reply(actor, seq, context)
-            status = int(slab.reply_status[actor])
-            actions = slab.action[slab.rows(actor)].copy()
+            self._lock_slot(actor, context)
+            try:
+                status, actions = self._write_and_wait(actor, run_id, arrays, request_fd, context)
+            finally:
+                slab.unlock_slot(actor)
         if status == REPLY_STALE:
             context.abort(wire.SUPERSEDED, self._replaced(actor, run_id))
+        if status == REPLY_INVALID:
+            context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor}: {slab.error(actor)}")
         if status != REPLY_OK:
             context.abort(grpc.StatusCode.INTERNAL, "inference failed for this batch; reconnect")
         return actions
+
+    def _lock_slot(self, actor: int, context: grpc.ServicerContext) -> None:
+        """Takes the slot's cross-process lock (an shm actor of this index may hold it for one round trip);
+        polls rather than blocks, so a shutdown or a cancelled stream is not stuck behind a stopped process."""
+        while not self.slab.lock_slot(actor, blocking=False):
+            if self.stop.is_set() or not context.is_active():
+                context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
+            time.sleep(0.001)
+
+    def _write_and_wait(self, actor: int, run_id: int, arrays: tuple[np.ndarray, ...], request_fd: int,
+                        context: grpc.ServicerContext) -> tuple[int, np.ndarray]:
+        """With the slot's locks held: (reply status, actions int32 [K]) of one request."""
+        slot, slab = self.slots[actor], self.slab
+        if int(slab.live_run[actor]) != run_id:
+            context.abort(wire.SUPERSEDED, self._replaced(actor, run_id))
+        left = slab.unanswered(actor)
+        if left is not None:
+            # A writer before us (a serving process before this one, or an shm actor) wrote this request and
+            # died waiting for its reply (our own requests are always answered before the locks are released).
+            # Inference may be reading its rows right now, so the slot is ours only once it is answered. It may
+            # never have been notified: notify it again (inference answers it, stale since our handshake, or
+            # re-wakes it if it did).
+            slot.replied.clear()
+            notify.send_request(request_fd, actor, left)
+            self._await_reply(actor, left, context)
+        slot.replied.clear()
+        seq = slab.write_request(actor, run_id, *arrays)
+        notify.send_request(request_fd, actor, seq)
+        self._await_reply(actor, seq, context)
+        return int(slab.reply_status[actor]), slab.action[slab.rows(actor)].copy()
 
     def _await_reply(self, actor: int, seq: int, context: grpc.ServicerContext) -> None:
         """Returns once the slot's reply answers request `seq`; UNAVAILABLE if the process stops first.
@@ -172,15 +192,24 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
                 f"handshook after this run 0x{run_id:x}); expected one live actor per --actor_index, but another "
                 f"actor with --actor_index={actor} connected while this one was alive")
 
+    def register(self, handshake: seed_pb2.Handshake, transport: str) -> int:
+        """Makes a checked handshake's run the live run of its actor index; returns its first env id.
+        `transport`: "grpc", or "shm" (the index's replies then also wake its reply eventfd, see slab.py)."""
+        actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
+        first_env_id = actor * num_envs
+        if transport == "shm":
+            self.slab.shm_reply[actor] = 1
+        self.slab.live_run[actor] = run_id  # from now on, requests of an older run of this actor are stale
+        print(f"[learner] actor {actor} connected over {transport} (run {run_id:x}, env ids {first_env_id}.."
+              f"{first_env_id + num_envs - 1})", flush=True)
+        return first_env_id
+
     def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
-        handshake = read_handshake(request_iterator, context, self._check_handshake)
+        handshake = read_handshake(request_iterator, context, self.check_handshake)
         if handshake is None:
             return
         actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
-        first_env_id = actor * num_envs
-        self.slab.live_run[actor] = run_id  # from now on, requests of an older run of this actor are stale
-        print(f"[learner] actor {actor} connected (run {run_id:x}, env ids {first_env_id}.."
-              f"{first_env_id + num_envs - 1})", flush=True)
+        first_env_id = self.register(handshake, "grpc")
         yield seed_pb2.LearnerMessage(
             handshake_reply=seed_pb2.HandshakeReply(first_env_id=first_env_id, learner_run=self.learner_run))
 

@@ -19,7 +19,10 @@ Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
   arrival_s      float64 [A]        time.monotonic() when the request arrived (system-wide clock)
   live_run       int64 [A]          run id registered by the actor's latest handshake (0 = none yet)
   reply_seq      int64 [A]          request_seq of the request the slot's current reply answers
-  reply_status   int8 [A]           REPLY_OK, REPLY_STALE or REPLY_FAILED
+  reply_status   int8 [A]           REPLY_OK, REPLY_STALE, REPLY_FAILED or REPLY_INVALID
+  reply_error    uint8 [A, 256]     REPLY_INVALID only: why, UTF-8, NUL-padded (names field, got, expected)
+  shm_reply      int8 [A]           1 once an actor of this index attached over shared memory (seed/serving/
+                                    shm_handover.py): inference then also wakes the index's reply eventfd
 
 Protocol per request (serving side): mark the slot as being written (request_seq = -new seq), write the rows,
 request_run and arrival_s, publish the new request_seq, then notify inference through a pipe (a syscall: the
@@ -32,11 +35,17 @@ finds the request its predecessor left unanswered with `unanswered`, notifies it
 answer before it writes, so inference never reads rows that a writer is changing. Inference reads a slot like
 a seqlock all the same: request_seq and request_run before the rows, and again after; a slot that changed in
 between is dropped (its new request has its own notification).
+
+Actors on the learner's host may map the slab themselves (seed/shm_actor_link.py) and write their own slot, so
+writers live in several processes. `lock_slot` is the cross-process part of "one writer per slot": a POSIX
+record lock on byte `actor` of the slab's file, taken by every writer (the serving process's streams too) from
+the live-run check until the reply is read, and released by the kernel when its holder dies.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import fcntl
 import math
 import mmap
 import os
@@ -45,7 +54,8 @@ import time
 
 import numpy as np
 
-REPLY_OK, REPLY_STALE, REPLY_FAILED = 0, 1, 2
+REPLY_OK, REPLY_STALE, REPLY_FAILED, REPLY_INVALID = 0, 1, 2, 3
+REPLY_ERROR_BYTES = 256
 _ALIGN = 64  # bytes; every array starts on a cache line
 
 
@@ -74,6 +84,7 @@ class SlabLayout:
             ("action", "int32", (n,)),
             ("request_run", "int64", (a,)), ("request_seq", "int64", (a,)), ("arrival_s", "float64", (a,)),
             ("live_run", "int64", (a,)), ("reply_seq", "int64", (a,)), ("reply_status", "int8", (a,)),
+            ("reply_error", "uint8", (a, REPLY_ERROR_BYTES)), ("shm_reply", "int8", (a,)),
         ]
 
     def offsets(self) -> tuple[dict[str, int], int]:
@@ -154,6 +165,27 @@ class StepSlab:
         free; a negative request_seq is a write that never finished, so never notified, so never read)."""
         seq = int(self.request_seq[actor])
         return seq if seq > 0 and int(self.reply_seq[actor]) != seq else None
+
+    def set_error(self, actor: int, message: str) -> None:
+        """Writes the reason of a REPLY_INVALID into the slot (truncated to REPLY_ERROR_BYTES)."""
+        data = message.encode("utf-8", "replace")[:REPLY_ERROR_BYTES]
+        self.reply_error[actor] = 0
+        self.reply_error[actor, :len(data)] = np.frombuffer(data, np.uint8)
+
+    def error(self, actor: int) -> str:
+        return self.reply_error[actor].tobytes().rstrip(b"\0").decode("utf-8", "replace")
+
+    def lock_slot(self, actor: int, blocking: bool = True) -> bool:
+        """Takes the cross-process write lock of slot `actor`; False if `blocking` is off and another process
+        holds it. Per process (POSIX record locks): threads of one process need their own lock besides."""
+        try:
+            fcntl.lockf(self.layout.fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB), 1, actor)
+            return True
+        except (BlockingIOError, PermissionError):
+            return False
+
+    def unlock_slot(self, actor: int) -> None:
+        fcntl.lockf(self.layout.fd, fcntl.LOCK_UN, 1, actor)
 
     def close(self) -> None:
         for name, _, _ in self.layout.fields():

@@ -1,0 +1,185 @@
+"""The serving process's side of the shared-memory path: hands an authenticated actor on this host the step
+slab's descriptors, so its steps skip protobuf, gRPC and this process entirely.
+
+Per unix listen address `unix:P` it listens on `P.shm` (seed/serving/shm_protocol.py has the frames). One
+thread per connection, never on a step's path:
+
+1. the peer must run as the learner's user (SO_PEERCRED; the socket file is mode 0600 too), and its hello
+   must carry the token the gRPC guard checks (`check_token`, the same function) when the learner has one;
+2. its Handshake goes through `SlabService.check_handshake`, the gRPC stream's check (actor index, K, run id,
+   env spec), and `SlabService.register` makes its run the live one (a newer run of an index supersedes the
+   older, whichever transport either uses);
+3. only then are the descriptors sent: the slab's memfd, the write end of the request pipe of the actor's
+   inference device and the actor's reply eventfd (created by the learner, one per actor index);
+4. afterwards the connection carries the actor's finished-episode stats, checked like a StepBatch's
+   (`SlabService.check_episode`); a malformed one gets an error frame and the connection is closed.
+
+The learner refuses the path (no `P.shm` socket, so `--transport=auto` actors use gRPC) with
+`--shm_actors=false`, and when it requires mutual TLS: a TLS identity cannot be checked on this socket.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import dataclasses
+import os
+import socket
+import stat
+import struct
+import threading
+
+from google.protobuf.message import DecodeError
+
+from seed import wire
+from seed._proto import seed_pb2
+from seed.serving import shm_protocol
+from seed.serving.service import SlabService
+from seed.transport.guard import check_token
+
+HELLO_TIMEOUT_S = 10.0
+
+
+class ShmHandover:
+    """Listens on the handover sockets of a serving process.
+
+    Args:
+      service: the gRPC service, whose checks, registration and episode sink the handover reuses.
+      paths: the handover socket paths (`shm_protocol.handover_path` of each unix listen address).
+      reply_fds: the reply eventfd of every actor index (num_actors of them).
+      auth_token: the learner's token ('' = none).
+      stop: set when the serving process shuts down.
+    """
+
+    def __init__(self, service: SlabService, paths: list[str], reply_fds: list[int], auth_token: str,
+                 stop: threading.Event):
+        if len(reply_fds) != service.num_actors:
+            raise ValueError(f"reply_fds: got {len(reply_fds)}, expected one per actor ({service.num_actors})")
+        self.service = service
+        self.paths = paths
+        self.reply_fds = reply_fds
+        self.auth_token = auth_token
+        self.stop = stop
+        self._listeners: list[socket.socket] = []
+        self._connections: set[socket.socket] = set()
+        self._lock = threading.Lock()
+
+    def start(self) -> None:
+        for path in self.paths:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISSOCK(os.lstat(path).st_mode):
+                    os.unlink(path)  # a dead learner's socket; a live one holds its gRPC address, so we'd not be here
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            old_umask = os.umask(0o077)
+            try:
+                listener.bind(path)
+            finally:
+                os.umask(old_umask)
+            os.chmod(path, 0o600)  # connecting needs write permission only
+            listener.listen(128)
+            listener.settimeout(0.5)
+            self._listeners.append(listener)
+            threading.Thread(target=self._accept, args=(listener,), name="shm-handover", daemon=True).start()
+
+    def close(self) -> None:
+        """Stops listening and closes every actor's connection (they reconnect, like gRPC streams)."""
+        for listener, path in zip(self._listeners, self.paths, strict=False):  # fewer if start failed
+            listener.close()
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+        with self._lock:
+            for connection in self._connections:
+                with contextlib.suppress(OSError):
+                    connection.shutdown(socket.SHUT_RDWR)
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self.stop.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._serve, args=(connection,), name="shm-actor", daemon=True).start()
+
+    def _serve(self, connection: socket.socket) -> None:
+        with self._lock:
+            self._connections.add(connection)
+        try:
+            with connection:
+                connection.settimeout(HELLO_TIMEOUT_S)
+                handshake = self._handshake(connection)
+                if handshake is None:
+                    return
+                connection.settimeout(None)
+                self._receive_episodes(connection, handshake.actor_index,
+                                        handshake.actor_index * handshake.num_envs)
+        except (OSError, shm_protocol.FrameError):
+            pass  # the actor went away or broke the framing; its run ends with the connection
+        finally:
+            with self._lock:
+                self._connections.discard(connection)
+
+    def _refuse(self, connection: socket.socket, code: str, details: str) -> None:
+        with contextlib.suppress(OSError):
+            shm_protocol.send_json(connection, {"ok": False, "code": code, "details": details})
+
+    def _handshake(self, connection: socket.socket) -> seed_pb2.Handshake | None:
+        """Authenticates and checks the hello; sends the descriptors. The handshake, or None if refused."""
+        pid, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
+        if uid != os.getuid():
+            self._refuse(connection, "UNAUTHENTICATED", f"peer uid: got {uid} (pid {pid}), expected the learner's "
+                                                        f"uid {os.getuid()}")
+            return None
+        try:
+            payload = shm_protocol.read_frame(connection)
+        except TimeoutError:
+            self._refuse(connection, "DEADLINE_EXCEEDED", f"hello: got no frame within {HELLO_TIMEOUT_S:g}s of "
+                                                          "connecting, expected the hello first")
+            return None
+        if payload is None:
+            return None
+        try:
+            hello = shm_protocol.read_json(payload, "hello")
+            metadata = tuple(tuple(pair) for pair in hello.get("metadata", ()))
+            if not all(len(pair) == 2 and all(isinstance(v, str) for v in pair) for pair in metadata):
+                raise shm_protocol.FrameError(f"hello.metadata: got {hello.get('metadata')!r}, expected a list of "
+                                              "[key, value] string pairs")
+        except (shm_protocol.FrameError, TypeError) as error:
+            self._refuse(connection, "INVALID_ARGUMENT", str(error))
+            return None
+        if self.auth_token:
+            problem = check_token(metadata, self.auth_token)
+            if problem:
+                self._refuse(connection, "UNAUTHENTICATED", problem)
+                return None
+        try:
+            handshake = seed_pb2.Handshake.FromString(base64.b64decode(hello.get("handshake", ""), validate=True))
+        except (DecodeError, ValueError, TypeError) as error:
+            self._refuse(connection, "INVALID_ARGUMENT", f"hello.handshake: got something that is not a base64 "
+                                                         f"seed.Handshake ({error}), expected one")
+            return None
+        problem = self.service.check_handshake(handshake)
+        if problem:
+            self._refuse(connection, "INVALID_ARGUMENT", f"handshake rejected: {problem}")
+            return None
+        service, actor = self.service, handshake.actor_index
+        first_env_id = service.register(handshake, "shm")
+        layout = service.slab.layout
+        fds = [layout.fd, service.request_fds[actor % len(service.request_fds)], self.reply_fds[actor]]
+        shm_protocol.send_json(connection, {"ok": True, "first_env_id": first_env_id,
+                                            "learner_run": service.learner_run,
+                                            "layout": dataclasses.asdict(layout)}, fds)
+        return handshake
+
+    def _receive_episodes(self, connection: socket.socket, actor: int, first_env_id: int) -> None:
+        while (payload := shm_protocol.read_frame(connection)) is not None:
+            try:
+                step = seed_pb2.StepBatch.FromString(payload)
+                for i, episode in enumerate(step.finished):
+                    self.service.check_episode(i, episode)
+            except (DecodeError, wire.WireError) as error:
+                self._refuse(connection, "INVALID_ARGUMENT", f"actor {actor}: episodes frame: {error}")
+                return
+            if step.finished:
+                self.service.on_episodes([(first_env_id + e.env_index, e.raw_return) for e in step.finished])

@@ -1,0 +1,210 @@
+"""An actor's shared-memory link to a learner on its host: steps go straight into the learner's step slab.
+
+`ShmLink.connect` dials the learner's handover socket (`<unix socket>.shm`, seed/serving/shm_protocol.py),
+sends the same Handshake and token a gRPC stream would and receives the slab's memfd, the request pipe of its
+inference device and its own reply eventfd. Each `step` then does what the serving process's stream thread does
+for a gRPC actor (seed/serving/service.py), with the same slab protocol (seed/serving/slab.py):
+
+  take the slot's cross-process lock  ->  check that this run is still the index's live run (else superseded)
+  ->  finish a predecessor's unanswered request (notify it again, wait for its answer)  ->  write the K rows
+  (`StepSlab.write_request`)  ->  16 bytes on the request pipe  ->  wait for the eventfd, then read the reply
+  status and K actions  ->  release the lock.
+
+No protobuf, no gRPC and no other process is on the step's path: one memcpy of the rows, one pipe write, one
+eventfd read. The reply is read only after an eventfd read (the kernel orders inference's slab writes before
+it), never by polling `reply_seq`. Inference checks the rows like the serving process checks a StepBatch and
+answers a bad one REPLY_INVALID with the reason. The handover connection stays open for the run: the learner
+closing it (serving process or learner gone, shutdown) ends the run and the actor reconnects.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import select
+import socket
+import threading
+import time
+
+import numpy as np
+
+from seed._proto import seed_pb2
+from seed.serving import notify, shm_protocol
+from seed.serving.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, SlabLayout, StepSlab
+
+_POLL_MS = 100  # how often a wait checks the actor's stop event
+
+
+class ShmUnavailable(RuntimeError):
+    """The learner cannot be reached over shared memory now (no handover socket, connection closed, inference
+    failed): reconnect later, like after a gRPC stream's UNAVAILABLE."""
+
+
+class ShmRejected(RuntimeError):
+    """The learner refused this actor; `code` is the gRPC status name it would have used (INVALID_ARGUMENT,
+    UNAUTHENTICATED, ...): retrying cannot help."""
+
+    def __init__(self, code: str, details: str):
+        super().__init__(f"{code}: {details}")
+        self.code, self.details = code, details
+
+
+class ShmSuperseded(RuntimeError):
+    """A newer run of this actor index handshook while this one was alive."""
+
+
+class ShmLink:
+    """One actor run attached to the learner's step slab. Build with `connect`; `close` when the run ends."""
+
+    def __init__(self, sock: socket.socket, slab: StepSlab, request_fd: int, reply_fd: int, actor: int,
+                 run_id: int, first_env_id: int, stop: threading.Event):
+        self._sock = sock
+        self.slab = slab
+        self._request_fd, self._reply_fd = request_fd, reply_fd
+        self.actor, self.run_id, self.first_env_id = actor, run_id, first_env_id
+        self._stop = stop
+        self._poll = select.poll()
+        self._poll.register(reply_fd, select.POLLIN)
+        self._poll.register(sock.fileno(), select.POLLIN)
+
+    @classmethod
+    def connect(cls, path: str, handshake: seed_pb2.Handshake, metadata: tuple[tuple[str, str], ...],
+                stop: threading.Event, timeout_s: float = 10.0) -> ShmLink:
+        """Dials `path`, authenticates with `metadata` (the gRPC call metadata: the token, if any), handshakes.
+
+        Raises ShmUnavailable (no learner offers shm there now), ShmRejected (the learner refused this actor).
+        """
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        fds: list[int] = []
+        try:
+            sock.settimeout(timeout_s)
+            try:
+                sock.connect(path)
+            except (FileNotFoundError, ConnectionRefusedError) as error:
+                raise ShmUnavailable(f"handover socket {path}: {error.strerror}") from None
+            hello = {"metadata": [list(pair) for pair in metadata],
+                     "handshake": base64.b64encode(handshake.SerializeToString()).decode()}
+            shm_protocol.send_json(sock, hello)
+            payload, fds = shm_protocol.read_frame_with_fds(sock)
+            if payload is None:
+                raise ShmUnavailable(f"handover socket {path}: closed before the handshake reply")
+            reply = shm_protocol.read_json(payload, "handshake reply")
+            if not reply.get("ok"):
+                raise ShmRejected(str(reply.get("code", "UNKNOWN")), str(reply.get("details", "")))
+            if len(fds) != shm_protocol.NUM_FDS:
+                raise ShmUnavailable(f"handshake reply: got {len(fds)} descriptors, expected {shm_protocol.NUM_FDS}")
+            memfd, request_fd, reply_fd = fds
+            values = dict(reply["layout"], fd=memfd, observation_shape=tuple(reply["layout"]["observation_shape"]))
+            layout = SlabLayout(**values)
+            if layout.envs_per_actor != handshake.num_envs or not handshake.actor_index < layout.num_actors:
+                raise ShmUnavailable(f"handshake reply layout: got {layout}, expected envs_per_actor "
+                                     f"{handshake.num_envs} and more than {handshake.actor_index} actors")
+            slab = StepSlab.attach(layout)
+            sock.settimeout(None)
+            link = cls(sock, slab, request_fd, reply_fd, handshake.actor_index, handshake.run_id,
+                       int(reply["first_env_id"]), stop)
+        except (OSError, shm_protocol.FrameError, KeyError, TypeError) as error:
+            cls._discard(sock, fds)
+            raise ShmUnavailable(f"handover socket {path}: {type(error).__name__}: {error}") from None
+        except BaseException:
+            cls._discard(sock, fds)
+            raise
+        link._drain_wakeups()
+        return link
+
+    @staticmethod
+    def _discard(sock: socket.socket, fds: list[int]) -> None:
+        for fd in fds:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        sock.close()
+
+    def step(self, observation: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+             ) -> np.ndarray:
+        """Hands one step of the K envs to inference through the slab; their actions (int32 [K], a copy)."""
+        slab, actor = self.slab, self.actor
+        self._lock()
+        try:
+            if int(slab.live_run[actor]) != self.run_id:
+                raise ShmSuperseded(self._superseded())
+            left = slab.unanswered(actor)
+            if left is not None:  # our predecessor died waiting (or before notifying): finish its request first
+                notify.send_request(self._request_fd, actor, left)
+                self._await_reply(left)
+            seq = slab.write_request(actor, self.run_id, observation, reward, done, truncated)
+            notify.send_request(self._request_fd, actor, seq)
+            self._await_reply(seq)
+            status = int(slab.reply_status[actor])
+            actions = slab.action[slab.rows(actor)].copy()
+            error = slab.error(actor) if status == REPLY_INVALID else ""
+        finally:
+            slab.unlock_slot(actor)
+        if status == REPLY_STALE:
+            raise ShmSuperseded(self._superseded())
+        if status == REPLY_INVALID:
+            raise ShmRejected("INVALID_ARGUMENT", f"actor {actor}: {error}")
+        if status != REPLY_OK:
+            raise ShmUnavailable("inference failed for this batch; reconnect")
+        return actions
+
+    def send_episodes(self, finished: list[seed_pb2.EpisodeStats]) -> None:
+        """Reports finished episodes (checked by the serving process like a StepBatch's `finished`)."""
+        try:
+            shm_protocol.send_frame(self._sock, seed_pb2.StepBatch(finished=finished).SerializeToString())
+        except OSError as error:
+            raise ShmUnavailable(f"handover connection: {error}") from None
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self.slab.close()
+        for fd in (self._request_fd, self._reply_fd, self.slab.layout.fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+
+    def _lock(self) -> None:
+        """The slot's cross-process lock; waits (polling) while a predecessor's request holds it."""
+        while not self.slab.lock_slot(self.actor, blocking=False):
+            self._check_connection(0)
+            if self._stop.is_set():
+                raise ShmUnavailable("actor stopping")
+            time.sleep(0.001)
+
+    def _await_reply(self, seq: int) -> None:
+        """Returns once the slot's reply answers request `seq` (read after an eventfd wake-up only)."""
+        while True:
+            events = dict(self._poll.poll(_POLL_MS))
+            if self._sock.fileno() in events:
+                self._check_connection(0)
+            if self._reply_fd in events:
+                os.eventfd_read(self._reply_fd)  # the kernel orders inference's slab writes before this read
+                if self.slab.answered(self.actor, seq):
+                    return
+            if self._stop.is_set():
+                raise ShmUnavailable("actor stopping")
+
+    def _check_connection(self, timeout_ms: int) -> None:
+        """Raises if the learner closed the handover connection or sent an error frame."""
+        if not select.select([self._sock], [], [], timeout_ms / 1000)[0]:
+            return
+        try:
+            payload = shm_protocol.read_frame(self._sock)
+        except (OSError, shm_protocol.FrameError) as error:
+            raise ShmUnavailable(f"handover connection: {error}") from None
+        if payload is None:
+            raise ShmUnavailable("the learner closed the shm connection (serving process or learner gone)")
+        reply = shm_protocol.read_json(payload, "learner message")
+        raise ShmRejected(str(reply.get("code", "UNKNOWN")), str(reply.get("details", "")))
+
+    def _drain_wakeups(self) -> None:
+        """Drops wake-ups left in the index's eventfd by earlier runs (each reply is checked by sequence anyway)."""
+        while select.select([self._reply_fd], [], [], 0)[0]:
+            os.eventfd_read(self._reply_fd)
+
+    def _superseded(self) -> str:
+        return (f"actor_index {self.actor}: superseded by a newer actor run (run "
+                f"0x{int(self.slab.live_run[self.actor]):x} handshook after this run 0x{self.run_id:x}); expected "
+                f"one live actor per --actor_index, but another actor with --actor_index={self.actor} connected "
+                "while this one was alive")
+
