@@ -62,6 +62,18 @@ class ReconnectBackoff:
         return delay
 
 
+def step_message(step: BatchStep) -> seed_pb2.ActorMessage:
+    """The StepBatch message of K envs' step: frames [K, *obs], rewards as float32, done/truncated flags [K],
+    the episodes that ended, and the send time (unix seconds)."""
+    return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
+        observation=wire.encode_tensor(step.observation),
+        reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
+        done=wire.encode_tensor(step.done),
+        truncated=wire.encode_tensor(step.truncated),
+        finished=[wire.episode_to_proto(e) for e in step.finished],
+        actor_send_time=time.time()))
+
+
 class _Stream:
     """A bidirectional stream driven one request / one response at a time."""
 
@@ -94,8 +106,7 @@ class Actor:
     def __init__(self, config: ActorConfig, stop: threading.Event | None = None):
         self.config = config
         self.stop = stop or threading.Event()
-        self.envs: EnvBatch = make_batch(config.env, config.envs_per_actor,
-                                         config.actor_index * config.envs_per_actor, config.env_options())
+        self.envs: EnvBatch = self._make_envs()
         self.spec = self.envs.spec
         self.security = TransportSecurity.from_config(config)
         self.agent_steps = 0
@@ -103,6 +114,15 @@ class Actor:
         self.connections = 0
         self.stats = ActorStats(config.stats_file, config.stats_interval_s, self.spec.action_repeat, config.actor_index)
         self._stream: _Stream | None = None
+
+    def _make_envs(self) -> EnvBatch:
+        """The K envs, env ids [actor_index * K, (actor_index + 1) * K). Env groups: seed/actor_groups.py."""
+        config = self.config
+        if config.env_groups != 1:
+            raise ValueError(f"--env_groups: got {config.env_groups}, expected 1 for seed.actor.Actor; "
+                             "seed.actor_groups.make_actor builds the actor of any --env_groups")
+        return make_batch(config.env, config.envs_per_actor, config.actor_index * config.envs_per_actor,
+                          config.env_options())
 
     def request_stop(self) -> None:
         """Stops the actor from any thread or a signal handler, also while it waits for the learner."""
@@ -189,13 +209,7 @@ class Actor:
         last_log = time.monotonic()
         steps_at_last_log = self.agent_steps
         while not self.stop.is_set():
-            message = seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
-                observation=wire.encode_tensor(step.observation),
-                reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
-                done=wire.encode_tensor(step.done),
-                truncated=wire.encode_tensor(step.truncated),
-                finished=[wire.episode_to_proto(e) for e in step.finished],
-                actor_send_time=time.time()))
+            message = step_message(step)
             sent = time.perf_counter()
             reply = stream.call(message)
             latency = time.perf_counter() - sent
