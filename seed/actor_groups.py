@@ -71,7 +71,7 @@ class GroupedEnvBatch:
         self.groups = groups
         self.spec: EnvSpec = groups[0].spec
         self.num_envs = sum(g.num_envs for g in groups)
-        self._starts = np.cumsum([0] + [g.num_envs for g in groups])
+        self._starts = [int(s) for s in np.cumsum([0] + [g.num_envs for g in groups])]  # G + 1 boundaries
 
     def reset(self) -> np.ndarray:
         return np.concatenate([group.reset() for group in self.groups])
@@ -80,9 +80,9 @@ class GroupedEnvBatch:
         if len(actions) != self.num_envs:
             raise ValueError(f"actions: got {len(actions)}, expected {self.num_envs} (one per env)")
         steps = [group.step(actions[start:end])
-                 for group, start, end in zip(self.groups, self._starts, self._starts[1:], strict=True)]
-        finished = [dataclasses.replace(e, env_index=e.env_index + int(start))
-                    for step, start in zip(steps, self._starts, strict=False) for e in step.finished]
+                 for group, start, end in zip(self.groups, self._starts[:-1], self._starts[1:], strict=True)]
+        finished = [dataclasses.replace(e, env_index=e.env_index + start)
+                    for step, start in zip(steps, self._starts[:-1], strict=True) for e in step.finished]
         return BatchStep(np.concatenate([s.observation for s in steps]), np.concatenate([s.reward for s in steps]),
                          np.concatenate([s.done for s in steps]), np.concatenate([s.truncated for s in steps]),
                          finished)

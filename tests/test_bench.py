@@ -55,7 +55,7 @@ def test_smoke_run_writes_every_key_with_positive_rates(smoke_result):
     assert config["cpu_cores"] == os.cpu_count()
     for key in ("network", "devices", "torch", "grpc", "python", "inference_device", "training_device"):
         assert key in config, key
-    assert result["baselines"] == {"actor_side": None, "transport": None}
+    assert result["baselines"] == {"actor_side": None, "transport": None, "env_only": None}
     assert "| framework |" in stdout
     # Every file of the run is under the --runs_dir given relative to where seed-bench started.
     run_dir = framework["run_dir"]
