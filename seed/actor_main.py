@@ -49,7 +49,11 @@ def main(argv: list[str]) -> None:
     try:
         actor.run()
     except ConfigurationError as error:
-        print(f"seed-actor: the learner rejected this actor: {error}", file=sys.stderr)
+        hint = ""
+        if "num_envs" in str(error) and config.env_groups == 1:
+            hint = (f" (this actor sends {config.envs_per_actor} envs per stream: the learner needs the same "
+                    "--envs_per_actor and --env_groups)")
+        print(f"seed-actor: the learner rejected this actor: {error}{hint}", file=sys.stderr)
         sys.exit(2)
     except SupersededError as error:
         print(f"seed-actor: --actor_index={config.actor_index}: another actor took over this index; exiting "
