@@ -156,7 +156,8 @@ def markdown_table(rows: list[Row], pricing: Pricing, baseline: str, compare: tu
     lines = [f"| configuration | accelerators | actors | CPUs | envs | FPS | cost/hour | cost per 1B frames "
              f"({pricing.name} prices) |{extra} "
              f"FPS ratio to {baseline} |" + (" FPS / env_only |" if ceiling else ""),
-             "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(compare) + "---:|" + ("---:|" if ceiling else "")]
+             "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(compare) + "---:|"
+             + ("---:|" if ceiling else "")]
     unpriced: dict[str, set[str]] = {}
     for r in rows:
         devices = ", ".join(f"{n} x {k}" for k, n in r.accelerators.items()) or "-"
@@ -175,8 +176,9 @@ def markdown_table(rows: list[Row], pricing: Pricing, baseline: str, compare: tu
             + (f" {'-' if not r.env_only_fps else f'{r.fps / r.env_only_fps:.2f}'} |" if ceiling else ""))
     lines.append(f"\nPriced with {_prices_line(pricing)}. FPS = env frames per second measured at the actors.")
     if ceiling:
-        lines.append("FPS / env_only: the row's FPS over its result's env_only baseline (the same envs, actor processes "
-                     "and cores stepping random actions with no learner): the share of the simulator's own limit.")
+        lines.append("FPS / env_only: the row's FPS over its result's env_only baseline (the same envs, actor "
+                     "processes and cores stepping random actions with no learner): the share of the simulator's "
+                     "own limit.")
     for other in compare:
         note = f"\nCompared with {_prices_line(other)}."
         if unpriced.get(other.name):

@@ -43,7 +43,8 @@ def sweep_table(sweep: str, points: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {point['value']} | {r['configuration']['num_envs']} | {fmt(r['env_frames_per_sec'])} | "
             f"{fmt(r['env_frames_per_sec_learner'])} | {fmt(r['train_steps_per_sec'], '.1f')} | "
-            f"{fmt(r['round_trip_latency_ms_p50'], '.2f')} | {fmt(None if waiting is None else 100 * waiting, '.0f')}% | "
+            f"{fmt(r['round_trip_latency_ms_p50'], '.2f')} | "
+            f"{fmt(None if waiting is None else 100 * waiting, '.0f')}% | "
             f"{fmt(base['transport'] and base['transport']['env_frames_per_sec'])} | "
             f"{fmt(base['actor_side'] and base['actor_side']['env_frames_per_sec'])} | "
             f"{fmt(base.get('env_only') and base['env_only']['env_frames_per_sec'])} | "
