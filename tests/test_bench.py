@@ -180,6 +180,11 @@ def test_network_width_sweep_scales_the_mlp():
     points = sweep.sweep_setups(setup, "actors", [1, 2])
     assert [p.config.num_actors for _, p in points] == [1, 2]
     assert points[1][1].name == "fake_mlp-actors2"
+    points = sweep.sweep_setups(setup, "env_groups", [1, 4])
+    assert [(p.config.env_groups, p.config.actor_streams, p.config.envs_per_stream) for _, p in points] == \
+        [(1, 4, 64), (4, 16, 16)]
+    with pytest.raises(measure.BenchError, match="--env_groups: got 3"):
+        sweep.sweep_setups(setup, "env_groups", [3])  # 64 envs per actor do not split into 3 groups
 
 
 def test_sweep_table_and_plot(smoke_result, tmp_path):
