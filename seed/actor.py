@@ -80,6 +80,18 @@ class ReconnectBackoff:
         return delay
 
 
+def step_message(step: BatchStep) -> seed_pb2.ActorMessage:
+    """The StepBatch message of K envs' step: frames [K, *obs], rewards as float32, done/truncated flags [K],
+    the episodes that ended, and the send time (unix seconds)."""
+    return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
+        observation=wire.encode_tensor(step.observation),
+        reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
+        done=wire.encode_tensor(step.done),
+        truncated=wire.encode_tensor(step.truncated),
+        finished=[wire.episode_to_proto(e) for e in step.finished],
+        actor_send_time=time.time()))
+
+
 class _Stream:
     """A bidirectional stream driven one request / one response at a time."""
 
@@ -112,8 +124,7 @@ class Actor:
     def __init__(self, config: ActorConfig, stop: threading.Event | None = None):
         self.config = config
         self.stop = stop or threading.Event()
-        self.envs: EnvBatch = make_batch(config.env, config.envs_per_actor,
-                                         config.actor_index * config.envs_per_actor, config.env_options())
+        self.envs: EnvBatch = self._make_envs()
         self.spec = self.envs.spec
         self.security = TransportSecurity.from_config(config)
         self.shm_path = _shm_path(config, self.security)
@@ -123,6 +134,15 @@ class Actor:
         self.connections = 0
         self.stats = ActorStats(config.stats_file, config.stats_interval_s, self.spec.action_repeat, config.actor_index)
         self._stream: _Stream | None = None
+
+    def _make_envs(self) -> EnvBatch:
+        """The K envs, env ids [actor_index * K, (actor_index + 1) * K). Env groups: seed/actor_groups.py."""
+        config = self.config
+        if config.env_groups != 1:
+            raise ValueError(f"--env_groups: got {config.env_groups}, expected 1 for seed.actor.Actor; "
+                             "seed.actor_groups.make_actor builds the actor of any --env_groups")
+        return make_batch(config.env, config.envs_per_actor, config.actor_index * config.envs_per_actor,
+                          config.env_options())
 
     def request_stop(self) -> None:
         """Stops the actor from any thread or a signal handler, also while it waits for the learner."""
@@ -261,13 +281,7 @@ class Actor:
         k = self.config.envs_per_actor
 
         def exchange(step: BatchStep) -> np.ndarray:
-            reply = stream.call(seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
-                observation=wire.encode_tensor(step.observation),
-                reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
-                done=wire.encode_tensor(step.done),
-                truncated=wire.encode_tensor(step.truncated),
-                finished=[wire.episode_to_proto(e) for e in step.finished],
-                actor_send_time=time.time())))
+            reply = stream.call(step_message(step))
             return wire.decode_tensor(reply.actions.action, "actions.action", "int32", (k,))
 
         self._step_loop(exchange)

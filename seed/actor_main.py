@@ -1,6 +1,7 @@
 """`seed-actor`: one actor process running `--envs_per_actor` envs against the learner.
 
     seed-actor --server_address=unix:logs/run/learner.sock --actor_index=0 --env=gym:CartPole-v1
+    seed-actor ... --envs_per_actor=16 --env_groups=2   # two groups of 8 envs, stepped in turn (seed/actor_groups.py)
 """
 
 from __future__ import annotations
@@ -31,11 +32,15 @@ def main(argv: list[str]) -> None:
     if config.actor_index < 0:
         print(f"seed-actor: --actor_index: got {config.actor_index}, expected >= 0", file=sys.stderr)
         sys.exit(2)
-    from seed.actor import Actor, ConfigurationError, SupersededError
+    if config.env_groups_error():
+        print(f"seed-actor: {config.env_groups_error()}", file=sys.stderr)
+        sys.exit(2)
+    from seed.actor import ConfigurationError, SupersededError
+    from seed.actor_groups import make_actor
     from seed.transport import TransportConfigError
 
     try:
-        actor = Actor(config)
+        actor = make_actor(config)
     except TransportConfigError as error:
         print(f"seed-actor: {error}", file=sys.stderr)
         sys.exit(2)
@@ -44,7 +49,11 @@ def main(argv: list[str]) -> None:
     try:
         actor.run()
     except ConfigurationError as error:
-        print(f"seed-actor: the learner rejected this actor: {error}", file=sys.stderr)
+        hint = ""
+        if "num_envs" in str(error) and config.env_groups == 1:
+            hint = (f" (this actor sends {config.envs_per_actor} envs per stream: the learner needs the same "
+                    "--envs_per_actor and --env_groups)")
+        print(f"seed-actor: the learner rejected this actor: {error}{hint}", file=sys.stderr)
         sys.exit(2)
     except SupersededError as error:
         print(f"seed-actor: --actor_index={config.actor_index}: another actor took over this index; exiting "

@@ -15,6 +15,9 @@ a reader takes the rate over any interval from two rows:
   latency_ms     list    round-trip latency samples of this row's window (ms), at most `max_samples` of them
                          drawn uniformly when the window had more (see `latency_count`)
   latency_count  int     round trips in this row's window
+  waited_s       float   seconds the actor sat blocked waiting for actions (cumulative); with one env group
+                         every round trip is waited out whole, with --env_groups only what the other groups'
+                         stepping did not hide (seed/actor_groups.py); env_only baseline: 0
   final          bool
 """
 
@@ -45,6 +48,7 @@ class ActorStats:
         self.start_time = time.time()
         self.agent_steps = 0
         self.round_trips = 0
+        self.waited_s = 0.0
         self._window: list[float] = []
         self._window_count = 0
         self._next_write = time.monotonic() + interval_s
@@ -52,10 +56,12 @@ class ActorStats:
         if path:
             os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
 
-    def record(self, agent_steps: int, latency_s: float) -> None:
-        """One round trip that moved `agent_steps` env steps and took `latency_s` seconds."""
+    def record(self, agent_steps: int, latency_s: float, waited_s: float | None = None) -> None:
+        """One round trip that moved `agent_steps` env steps and took `latency_s` seconds, of which the actor
+        waited `waited_s` seconds with nothing to do (default: all of it)."""
         self.agent_steps += agent_steps
         self.round_trips += 1
+        self.waited_s += latency_s if waited_s is None else waited_s
         self._window_count += 1
         if len(self._window) < self.max_samples:
             self._window.append(latency_s)
@@ -81,6 +87,7 @@ class ActorStats:
             "cpu_s": round(time.process_time(), 4),
             "latency_ms": [round(s * 1e3, 4) for s in self._window],
             "latency_count": self._window_count,
+            "waited_s": round(self.waited_s, 6),
             "final": final,
         }
         with open(self.path, "a") as f:

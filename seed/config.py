@@ -27,6 +27,10 @@ class EnvOptions:
     env: str = _field("gym:CartPole-v1",
                       "FAMILY:NAME, e.g. gym:CartPole-v1, atari:Pong, football:academy_empty_goal_close, fake:vector.")
     envs_per_actor: int = _field(4, "Environments stepped by each actor process (K).")
+    env_groups: int = _field(1, "Double-buffered acting: each actor splits its K envs into this many groups of "
+                                "K / env_groups, each with its own stream to the learner, and steps one group's "
+                                "envs while the others' actions are computed (seed/actor_groups.py). The learner "
+                                "and every actor need the same value; it must divide --envs_per_actor.")
     seed: int = _field(0, "Base random seed; env i is seeded with seed + env id.")
     action_repeat: int = _field(0, "Env frames per agent step; 0 = the env family's default (Atari 4, others 1).")
     sticky_actions: bool = _field(False, "Atari: repeat the previous action with probability 0.25.")
@@ -38,11 +42,23 @@ class EnvOptions:
     football_rewards: str = _field("scoring", "Football: scoring or scoring,checkpoints.")
 
     def env_options(self) -> dict[str, Any]:
-        """The options dict env families receive (everything but preset, env and envs_per_actor)."""
+        """The options dict env families receive (everything but preset, env, envs_per_actor and env_groups)."""
         options = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvOptions)}  # never role/secret flags
-        for key in ("preset", "env", "envs_per_actor"):
+        for key in ("preset", "env", "envs_per_actor", "env_groups"):
             options.pop(key)
         return {key: value for key, value in options.items() if not (key == "action_repeat" and value == 0)}
+
+    @property
+    def envs_per_stream(self) -> int:
+        """Envs behind one stream to the learner: envs_per_actor / env_groups (K / G)."""
+        return self.envs_per_actor // max(1, self.env_groups)
+
+    def env_groups_error(self) -> str | None:
+        """Why --env_groups does not fit --envs_per_actor (a message naming both), or None."""
+        if self.env_groups < 1 or self.envs_per_actor % self.env_groups:
+            return (f"--env_groups: got {self.env_groups}, expected a divisor of --envs_per_actor "
+                    f"({self.envs_per_actor}), >= 1 (each group steps envs_per_actor / env_groups envs)")
+        return None
 
 
 @dataclasses.dataclass
@@ -169,6 +185,12 @@ class LearnerConfig(EnvOptions, TransportOptions):
     @property
     def num_envs(self) -> int:
         return self.num_actors * self.envs_per_actor
+
+    @property
+    def actor_streams(self) -> int:
+        """Streams the learner serves: one per env group of each actor (num_actors x env_groups); stream
+        a * env_groups + g is group g of actor a and holds env ids [stream * K/G, (stream + 1) * K/G)."""
+        return self.num_actors * max(1, self.env_groups)
 
 
 def define_flags(config_class: type) -> None:

@@ -97,13 +97,14 @@ class Learner:
         self.sink = SinkThread(sink_fault_from_environment(self.experience.sink), self.stop_event)
         # The step slab is shared with the serving process; one request pipe per inference device carries
         # "actor a's slot is ready", one reply pipe carries "actor a's reply is ready".
-        self.slab = StepSlab.create(config.num_actors, config.envs_per_actor, self.spec.observation_shape,
+        # One slot per actor stream (--env_groups: one per group of each actor) of envs_per_stream rows.
+        self.slab = StepSlab.create(config.actor_streams, config.envs_per_stream, self.spec.observation_shape,
                                     self.spec.observation_dtype)
         self._request_pipes = [os.pipe() for _ in self.inference_devices]
         self._reply_read, self._reply_write = os.pipe()
         # Actors on this host may write the slab themselves (--shm_actors, seed/shm_actor_link.py): each index
         # has a reply eventfd, woken besides the reply pipe once an actor of that index attached that way.
-        self._shm_reply_fds = ([os.eventfd(0, os.EFD_CLOEXEC) for _ in range(config.num_actors)]
+        self._shm_reply_fds = ([os.eventfd(0, os.EFD_CLOEXEC) for _ in range(config.actor_streams)]
                                if config.shm_actors else [])
         reply = functools.partial(self._reply, self._reply_write, self._shm_reply_fds)
         # One inference network, state table, unroll store and batcher per inference device; actor a is
@@ -124,7 +125,7 @@ class Learner:
                          for i, (read_fd, _) in enumerate(self._request_pipes)]
         self.inference = self.inferences[0]
         self.serving = ServingProcess(self.slab.layout, self.spec, listen_addresses(config.server_address),
-                                      2 * config.num_actors + 8, [w for _, w in self._request_pipes],
+                                      2 * config.actor_streams + 8, [w for _, w in self._request_pipes],
                                       self._reply_read, self._on_actor_episodes,
                                       security=security or TransportSecurity.from_config(config),
                                       max_message_bytes=self._max_message_bytes(),
@@ -145,9 +146,10 @@ class Learner:
         """--sync=hts: the sync point of inference device `device_index` (it serves actors a % n == index)."""
         if self.config.sync != "hts":
             return None
-        actors = np.arange(device_index, self.config.num_actors, len(self.inference_devices))
-        per_batch = max(1, self.config.inference_batch_size // self.config.envs_per_actor)
-        return RolloutGate(actors, self.config.num_actors, self.config.sync_every, self.metrics.train_steps, per_batch)
+        streams = self.config.actor_streams  # the gate's "actors" are the slab's slots: one per actor stream
+        actors = np.arange(device_index, streams, len(self.inference_devices))
+        per_batch = max(1, self.config.inference_batch_size // self.config.envs_per_stream)
+        return RolloutGate(actors, streams, self.config.sync_every, self.metrics.train_steps, per_batch)
 
     def _make_experience(self) -> FifoExperience | ReplayExperience:
         config = self.config
@@ -179,7 +181,7 @@ class Learner:
 
     def _max_message_bytes(self) -> int:
         """The serving process's receive limit: twice a full step message of this env, plus 1 MiB."""
-        spec, k = self.spec, self.config.envs_per_actor
+        spec, k = self.spec, self.config.envs_per_stream
         observation = int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
         step = k * (observation + 4 + 1 + 1 + 64)  # frames, reward, done, truncated, a finished episode each
         return 2 * step + (1 << 20)

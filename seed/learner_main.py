@@ -32,7 +32,9 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
         config.logdir = f"logs/{config.agent}-{family}-{name}"
     config.server_address = config.server_address.replace("{logdir}", config.logdir)
     if config.inference_batch_size == -1:
-        config.inference_batch_size = max(config.envs_per_actor, config.num_envs // 2)
+        # At least one stream's rows (with --env_groups a stream is one group, not the whole actor: a batch that
+        # waited for both groups of an actor would idle the envs double-buffering keeps busy).
+        config.inference_batch_size = max(config.envs_per_stream, config.num_envs // 2)
     if config.replay_min_size > config.replay_capacity and "replay_min_size" not in explicit:
         # A small --replay_capacity (e.g. Atari on a 24 GiB machine) implies a smaller warm-up.
         config.replay_min_size = max(1, config.replay_capacity // 2)
@@ -52,8 +54,8 @@ def _derive_sync(config: LearnerConfig, explicit: dict[str, Any]) -> None:
                     ("batch_size", config.num_envs - config.num_eval_envs,
                      "num_envs - num_eval_envs with --sync=hts: one unroll of every training env per batch")]
     if config.deterministic:
-        derived.append(("inference_batch_size", config.envs_per_actor,
-                        "envs_per_actor with --deterministic: one actor's rows per inference batch"))
+        derived.append(("inference_batch_size", config.envs_per_stream,
+                        "envs_per_actor / env_groups with --deterministic: one stream's rows per inference batch"))
     for name, value, why in derived:
         if name in explicit and explicit[name] != value:
             raise ValueError(f"--{name}: got {explicit[name]!r}, expected {value} ({why})")
@@ -66,6 +68,8 @@ def validate(config: LearnerConfig) -> None:
     checks = [
         ("num_actors", config.num_actors >= 1, ">= 1"),
         ("envs_per_actor", config.envs_per_actor >= 1, ">= 1"),
+        ("env_groups", config.env_groups_error() is None,
+         f"a divisor of --envs_per_actor ({config.envs_per_actor}), >= 1"),
         ("inference_batch_size", config.inference_batch_size >= 1, ">= 1 or -1 (auto)"),
         ("batch_size", config.batch_size >= 1, ">= 1"),
         ("unroll_length", config.unroll_length >= 1, ">= 1"),

@@ -55,7 +55,7 @@ def test_smoke_run_writes_every_key_with_positive_rates(smoke_result):
     assert config["cpu_cores"] == os.cpu_count()
     for key in ("network", "devices", "torch", "grpc", "python", "inference_device", "training_device"):
         assert key in config, key
-    assert result["baselines"] == {"actor_side": None, "transport": None}
+    assert result["baselines"] == {"actor_side": None, "transport": None, "env_only": None}
     assert "| framework |" in stdout
     # Every file of the run is under the --runs_dir given relative to where seed-bench started.
     run_dir = framework["run_dir"]
@@ -180,6 +180,11 @@ def test_network_width_sweep_scales_the_mlp():
     points = sweep.sweep_setups(setup, "actors", [1, 2])
     assert [p.config.num_actors for _, p in points] == [1, 2]
     assert points[1][1].name == "fake_mlp-actors2"
+    points = sweep.sweep_setups(setup, "env_groups", [1, 4])
+    assert [(p.config.env_groups, p.config.actor_streams, p.config.envs_per_stream) for _, p in points] == \
+        [(1, 4, 64), (4, 16, 16)]
+    with pytest.raises(measure.BenchError, match="--env_groups: got 3"):
+        sweep.sweep_setups(setup, "env_groups", [3])  # 64 envs per actor do not split into 3 groups
 
 
 def test_sweep_table_and_plot(smoke_result, tmp_path):
@@ -236,3 +241,37 @@ def test_env_speed_counts_agent_steps_and_env_frames():
     # fake:atari repeats each action 4 frames; both processes stepped (2 x 2 envs, 100-step episodes).
     assert result["env_frames_per_sec"] == pytest.approx(4 * result["agent_steps_per_sec"], rel=1e-3)
     assert result["processes"] == 2 and result["cores_used"] > 0
+
+
+def _exits_like_a_failed_import(index, *args):
+    """An env_speed worker that dies before reporting, as one whose imports fail in the child does."""
+    import os
+
+    os._exit(7)
+
+
+def test_env_speed_fails_at_once_naming_a_worker_that_died():
+    from seed.bench.env_speed import EnvSpeedError, measure
+
+    started = time.monotonic()
+    with pytest.raises(EnvSpeedError, match=r"env_speed worker 0 \(pid \d+, --env=fake:vector, env ids 0..1\) "
+                                            r"exited with code 7 without a result"):
+        measure("fake:vector", num_envs=2, processes=1, duration_s=60.0, target=_exits_like_a_failed_import)
+    assert time.monotonic() - started < 30  # not duration_s + 300 s
+    # A worker whose own code raises reports the error itself (here: the env family cannot be built).
+    with pytest.raises(EnvSpeedError, match=r"env_speed worker [01] .* failed: ValueError: --env: got 'nope:x'"):
+        measure("nope:x", num_envs=2, processes=2, duration_s=60.0)
+    assert time.monotonic() - started < 60
+
+
+def test_env_only_baseline_steps_the_actors_envs_without_a_server(tmp_path):
+    setup, _ = configs.build_setup("fake_mlp", configs.DEFAULT_CONFIGS,
+                                   {"num_actors": 2, "envs_per_actor": 8, "env_groups": 2})
+    job = jobs.env_only_job(setup, str(tmp_path / "env_only"), duration_s=4)
+    assert job.server_cmd is None and len(job.actor_cmds) == 2
+    assert "--actor_index=1" in job.actor_cmds[1] and "--envs_per_actor=8" in job.actor_cmds[1]
+    result = measure.measure(job, duration_s=4, warmup_s=1, progress=False)
+    assert result["env_frames_per_sec"] > 0 and result["actors_measured"] == 2
+    assert result["actor_waiting_fraction"] == 0.0  # nothing to wait for
+    assert result["cpu_seconds"]["learner"] is None and result["cpu_seconds"]["actors"] > 0
+    assert result["env_frames_per_sec_learner"] is None

@@ -174,3 +174,58 @@ def test_cli_on_a_seed_bench_result(tmp_path):
     assert "'H100'" in completed.stderr and PRICING in completed.stderr
     completed = report_cli("--accelerators=H100:1", "--out=h100")
     assert completed.returncode == 0 and "| 1 x H100 |" in completed.stdout
+
+
+def test_cheapest_per_agent_and_env_ignores_the_ceilings(current, tmp_path):
+    # The transport and env_only ceilings are faster (so cheaper per frame) but train nothing: never the answer.
+    ceilings = {"actor_side": {"env_frames_per_sec": 9_000}, "transport": {"env_frames_per_sec": 90_000},
+                "env_only": {"env_frames_per_sec": 200_000}}
+    results = [_result("cpu_small", 10_000, cores=2, baselines=ceilings), _result("cpu_big", 30_000, cores=16),
+               _result("gpu", 300_000, cores=16, accelerators={H100: 1}), _result("pong", 5_000, cores=2)]
+    for result in results:
+        result["configuration"].update(agent="vtrace", env="fake:vector")
+    results[-1]["configuration"].update(env="atari:Pong")
+    paths = []
+    for result in results:
+        paths.append(tmp_path / f"{result['name']}.json")
+        paths[-1].write_text(json.dumps(result))
+    rows = report.price_rows(report.load_rows([str(p) for p in paths]), current)
+    best = report.cheapest_per_agent(rows)
+    # $ per 1B frames: cpu_small 2 x 0.0486 / (10,000 x 3600) x 1e9 = $2.70, cpu_big 16 x 0.0486 / 30,000 -> $7.20,
+    # gpu (16 x 0.0486 + 11.06) / 300,000 -> $10.96; actor_side 2 x 0.0486 / 9,000 -> $3.00.
+    assert {key: row.name for key, row in best.items()} == {("vtrace", "fake:vector"): "cpu_small",
+                                                            ("vtrace", "atari:Pong"): "pong"}
+    assert best[("vtrace", "fake:vector")].cost_per_billion == pytest.approx(2 * 0.0486 / (10_000 * 3600) * 1e9)
+    text = report.cheapest_table(rows, current)
+    assert "| vtrace | fake:vector | cpu_small | 4 x 64 | - | 10,000 | $2.70 | cpu_small/actor_side ($3.00, 1.11x) |" \
+        in text
+    assert "current prices" in text and "env_only" not in text.split("\n", 1)[1]
+    table = report.markdown_table(rows, current, "cpu_small")
+    # FPS / env_only: 10,000 / 200,000 for the framework row, and each baseline row over the same env_only.
+    assert "| 1.00x | 0.05 |" in table and "| cpu_small/env_only |" in table and "| 1.00 |" in table
+
+
+RECORDED = os.path.join(os.path.dirname(__file__), "data", "bench")
+# Recorded 2026-11-23 on the 2-core dev machine under load (env groups 1 vs 2, 40 s runs, env_only baseline).
+EXPECTED_CHEAPEST = {("ppo", "gym:CartPole-v1"): "cartpole_ppo", ("vtrace", "atari:Pong"): "pong_dqn_small_g2",
+                     ("vtrace", "fake:vector"): "fake_mlp_g2", ("vtrace", "gym:CartPole-v1"): "cartpole_g1"}
+
+
+def test_report_on_recorded_results_names_the_cheapest_per_agent(tmp_path):
+    """seed-report on real seed-bench result files (tests/data/bench, recorded on the 2-core dev machine)."""
+    paths = sorted(os.path.join(RECORDED, name) for name in os.listdir(RECORDED) if name.endswith(".json"))
+    completed = subprocess.run([sys.executable, "-m", "seed.bench.report", *paths, f"--out={tmp_path}/report"],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    rows = report.price_rows(report.load_rows(paths), prices.resolve_pricing("current"))
+    cheapest = {}
+    for row in rows:  # by hand: the highest-FPS training row per (agent, env) is the cheapest (same 2 CPUs)
+        if row.kind in ("framework", "actor_side") and row.fps > cheapest.get((row.agent, row.env), (0, ""))[0]:
+            cheapest[(row.agent, row.env)] = (row.fps, row.name)
+    lines = completed.stdout.split("Cheapest configuration per agent and env")[1].splitlines()
+    for (agent, env), (fps, name) in cheapest.items():
+        cost = 2 * 0.0486 / (fps * 3600) * 1e9
+        assert any(line.startswith(f"| {agent} | {env} | {name} |") and f"${cost:,.2f} |" in line for line in lines), \
+            (agent, env, name, completed.stdout)
+    assert EXPECTED_CHEAPEST == {key: name for key, (_, name) in cheapest.items()}
+    assert "FPS / env_only" in completed.stdout

@@ -1,7 +1,8 @@
 """`seed-bench`: throughput, latency and CPU use of a learner plus actors on this machine, as one JSON file.
 
     seed-bench --config=fake_mlp --duration_s=30 --out=bench_results/fake_mlp.json
-    seed-bench --config=fake_mlp --baselines=actor_side,transport --out=bench_results/fake_mlp.json
+    seed-bench --config=fake_mlp --baselines=actor_side,transport,env_only --out=bench_results/fake_mlp.json
+    seed-bench --config=cartpole --env_groups=2 --baselines=env_only --out=bench_results/cartpole_groups2.json
     seed-bench --config=fake_mlp --sweep=actors --values=1,2,4 --out=bench_results/sweep_actors.json
     seed-bench --list
 
@@ -13,12 +14,18 @@ warm-up (`--warmup_s`, default 20% of the duration); seed/bench/measure.py says 
 Env frames/s are counted at the actors (the headline FPS) and at the learner; round-trip latency is measured
 at the actor (send of a step message to receipt of its actions); CPU per process type from /proc.
 
-Baselines (`--baselines=actor_side,transport`) run right after, with the same env, actors, envs and duration:
-  actor_side  IMPALA-style: every actor runs its own copy of the network (seed/bench/actor_side.py)
+Baselines (`--baselines=actor_side,transport,env_only`) run right after, with the same env, actors, envs and
+duration:
+  actor_side  IMPALA-style: every actor runs its own copy of the network (seed/bench/actor_side.py; it steps
+              its K envs in one group whatever --env_groups says)
   transport   the transport ceiling: the same seed-actor processes against a server that answers every step
               with zero actions and does nothing else (seed/bench/transport_ceiling.py)
+  env_only    the simulator ceiling: num_actors processes stepping the actors' envs (same env flags, envs
+              per actor, actor indices, cores) with uniform random actions and no learner
+              (seed/bench/env_only.py); the result's ratios.framework_over_env_only is the share of the
+              simulator's own limit the framework reaches
 
-Sweeps (`--sweep=actors|envs_per_actor|network_width --values=...`) run the configuration once per value
+Sweeps (`--sweep=actors|envs_per_actor|env_groups|network_width --values=...`) run the configuration once per value
 and also write a Markdown table (<out>.md) and a plot of FPS against the value (<out>.png).
 
 Paths: --out and --runs_dir are made absolute once, against the directory seed-bench is started in, and only
@@ -65,8 +72,10 @@ def _define_bench_flags() -> None:
                                    "seed-bench is started in.")
     flags.DEFINE_string("runs_dir", "bench_results/runs", "Where each run's logs, metrics and stats files go "
                                                           "(relative to the directory seed-bench is started in).")
-    flags.DEFINE_list("baselines", [], "Also measure: actor_side (IMPALA-style), transport (gRPC ceiling).")
-    flags.DEFINE_enum("sweep", "", ["", *SWEEPS], "Run once per --values of actors, envs_per_actor or network_width.")
+    flags.DEFINE_list("baselines", [], "Also measure: actor_side (IMPALA-style), transport (gRPC ceiling), env_only "
+                                       "(the actors' envs alone with random actions: the simulator ceiling).")
+    flags.DEFINE_enum("sweep", "", ["", *SWEEPS], "Run once per --values of actors, envs_per_actor, env_groups or "
+                                                  "network_width.")
     flags.DEFINE_list("values", [], "The swept values, e.g. 1,2,4.")
     flags.DEFINE_enum("transport", "unix", ["unix", "tcp"], "Actors dial a unix socket or TCP on 127.0.0.1.")
     flags.DEFINE_bool("progress", True, "Show a progress bar on stderr.")

@@ -1,5 +1,6 @@
 """The processes of one measured run, as command lines: the framework (seed-learner + seed-actor), the
-actor-side-inference baseline (seed/bench/actor_side.py) and the transport ceiling (seed/bench/transport_ceiling.py).
+actor-side-inference baseline (seed/bench/actor_side.py), the transport ceiling (seed/bench/transport_ceiling.py)
+and the simulator ceiling (seed/bench/env_only.py: the actors' envs alone, no server).
 
 Every path handed to a process (logdir, stats files, unix sockets) is absolute, made from the run directory,
 so the processes never depend on the working directory they start in.
@@ -116,4 +117,18 @@ def transport_job(setup: BenchSetup, run_dir: str, duration_s: float) -> Job:
     return Job("transport", run_dir, dial, server, actors, stats, None)
 
 
-JOBS = {"framework": framework_job, "actor_side": actor_side_job, "transport": transport_job}
+def env_only_job(setup: BenchSetup, run_dir: str, duration_s: float) -> Job:
+    """The actors' envs alone: num_actors processes with the framework actors' env flags and indices, each
+    stepping its K envs with random actions; no server, so nothing to dial."""
+    run_dir = os.path.abspath(run_dir)
+    actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
+    env_flags = as_flags({k: v for k, v in env_values(setup.config).items() if k in actor_fields})
+    stats = [os.path.join(run_dir, f"actor{i}.stats.jsonl") for i in range(setup.config.num_actors)]
+    actors = [[sys.executable, "-m", "seed.bench.env_only", f"--actor_index={i}", f"--stats_file={stats[i]}",
+               f"--stats_interval_s={_stats_interval(duration_s)}", *env_flags]
+              for i in range(setup.config.num_actors)]
+    return Job("env_only", run_dir, "", None, actors, stats, None)
+
+
+JOBS = {"framework": framework_job, "actor_side": actor_side_job, "transport": transport_job,
+        "env_only": env_only_job}

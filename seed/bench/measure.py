@@ -5,7 +5,9 @@ for a fixed time, and read what they did over the window after the warm-up.
                                window's ends, summed over actors
   env frames/s at the learner  two rows of the server's metrics.jsonl (the learner's own clock)
   round-trip latency           the actors' latency samples of the rows written in the window, weighted by the
-                               round trips each row stands for
+                               round trips each row stands for (env_only: the time of one step of the K envs)
+  actor waiting fraction       the actors' cumulative waited_s (blocked waiting for actions) over the window,
+                               divided by the window: the share of the time the envs sat idle
   CPU                          /proc/<pid>/stat utime and stime of every process at the window's ends; the
                                whole machine's busy time from /proc/stat, so the load of other processes shows
   GPU                          nvidia-smi once a second, when there is one
@@ -82,6 +84,9 @@ def actor_window(rows: list[dict[str, Any]], start: float, end: float) -> dict[s
     start, end = max(start, rows[0]["time"]), min(end, rows[-1]["time"])
     counts = {key: _value_at(rows, key, end) - _value_at(rows, key, start)
               for key in ("agent_steps", "env_frames", "round_trips", "cpu_s")}
+    # Seconds blocked waiting for actions (seed/actor_stats.py); stats files from before it was recorded lack it.
+    counts["waited_s"] = (_value_at(rows, "waited_s", end) - _value_at(rows, "waited_s", start)
+                          if all("waited_s" in r for r in rows) else None)
     samples, weights = [], []
     for previous, row in zip(rows, rows[1:], strict=False):
         # A row holds the samples since the previous row: keep it if most of that span is in the window.
@@ -119,12 +124,13 @@ def learner_window(first: dict[str, Any] | None, last: dict[str, Any] | None, ro
 
 @dataclasses.dataclass
 class Job:
-    """One measured run: a server process (learner, actor-side learner or ceiling) and actor processes."""
+    """One measured run: a server process (learner, actor-side learner or ceiling) and actor processes, or
+    actor processes alone (env_only: no server, `server_cmd` None)."""
 
-    kind: str  # "framework", "actor_side" or "transport"
+    kind: str  # "framework", "actor_side", "transport" or "env_only"
     run_dir: str  # absolute, like every path below: the processes start in run_dir, not in the caller's cwd
-    address: str  # what the actors dial, also used for the health check
-    server_cmd: list[str]
+    address: str  # what the actors dial, also used for the health check; "" without a server
+    server_cmd: list[str] | None
     actor_cmds: list[list[str]]
     stats_files: list[str]
     metrics_path: str | None  # the server's metrics.jsonl, if it writes one
@@ -195,21 +201,22 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
         process.log_path = os.path.join(job.run_dir, f"{name}.log")  # type: ignore[attr-defined]
         return process
 
-    server = start(job.server_cmd, "server")
+    server = start(job.server_cmd, "server") if job.server_cmd else None
     actors: list[subprocess.Popen] = []
     gpu = GpuSampler()
     gpu.start()
     bar = _Progress(f"[{job.kind}]", duration_s) if progress else None
     try:
-        if not wait_until_serving(job.address, server, SERVER_START_TIMEOUT_S):
+        if server and not wait_until_serving(job.address, server, SERVER_START_TIMEOUT_S):
             raise BenchError(f"{job.kind}: the server did not start serving on {job.address} "
                              f"(exit code {server.poll()}); {server.log_path}:\n{_tail(server.log_path)}")
         actors = [start(cmd, f"actor{i}") for i, cmd in enumerate(job.actor_cmds)]
         # The clock starts once every actor steps (its first stats row), not at spawn: importing torch and
         # building a network take seconds, and would otherwise count against whichever run does more of it.
         deadline = time.monotonic() + ACTOR_START_TIMEOUT_S
+        processes = [p for p in (server, *actors) if p is not None]
         while not all(read_jsonl(path) for path in job.stats_files):
-            for process in (server, *actors):
+            for process in processes:
                 if process.poll() is not None:
                     raise BenchError(f"{job.kind}: a process exited early with code {process.returncode}; "
                                      f"{process.log_path}:\n{_tail(process.log_path)}")
@@ -224,11 +231,11 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
         load_before = os.getloadavg()
         marks: dict[str, dict[str, Any]] = {}
         profilers: dict[str, subprocess.Popen] = {}
-        named = {"server": server, **{f"actor{i}": a for i, a in enumerate(actors)}}
+        named = {**({"server": server} if server else {}), **{f"actor{i}": a for i, a in enumerate(actors)}}
 
         def mark() -> dict[str, Any]:
             rows = read_jsonl(job.metrics_path) if job.metrics_path else []
-            return {"time": time.time(), "learner_cpu": process_tree_cpu_times(server.pid),
+            return {"time": time.time(), "learner_cpu": process_tree_cpu_times(server.pid) if server else None,
                     "actor_cpu": [process_cpu_times(a.pid) for a in actors],
                     "machine_busy": machine_busy_seconds(), "cpu_pressure": cpu_pressure_seconds(),
                     "learner_row": rows[-1] if rows else None}
@@ -247,7 +254,7 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
             if now >= end:
                 marks["end"] = mark()
                 break
-            for process in (server, *actors):
+            for process in processes:
                 if process.poll() is not None:
                     raise BenchError(f"{job.kind}: a process exited early with code {process.returncode}; "
                                      f"{process.log_path}:\n{_tail(process.log_path)}")
@@ -268,7 +275,8 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
             bar.done()
         gpu.stop()
         stop_all(actors, timeout_s=15)
-        stop_all([server], timeout_s=30)
+        if server:
+            stop_all([server], timeout_s=30)
 
     warm, last = marks["warm"], marks["end"]
     seconds = last["time"] - warm["time"]
@@ -277,6 +285,7 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
     if not live:
         raise BenchError(f"{job.kind}: no actor wrote two stats rows in the measurement window "
                          f"({seconds:.1f}s); make --duration_s longer. Logs in {job.run_dir}")
+    waited = [w["waited_s"] for w in live]
     samples = [s for w in live for s in w["samples"]]
     weights = [x for w in live for x in w["weights"]]
     p50, p99 = weighted_percentiles(samples, weights, (50, 99)) if samples else (None, None)
@@ -304,6 +313,8 @@ def measure(job: Job, duration_s: float, warmup_s: float, progress: bool = True,
         "round_trip_latency_ms_p50": p50,
         "round_trip_latency_ms_p99": p99,
         "latency_samples": len(samples),
+        # Share of the actors' time spent blocked waiting for actions (envs idle), averaged over actors.
+        "actor_waiting_fraction": None if None in waited else sum(waited) / sum(w["seconds"] for w in live),
         "cpu_seconds": {"learner": learner_cpu, "actors": actors_cpu},
         "cpu_cores_used": {"learner": None if learner_cpu is None else learner_cpu / seconds,
                            "actors": actors_cpu / seconds},

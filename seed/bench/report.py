@@ -7,9 +7,15 @@
     seed-report --curves logs/run-seed0 logs/run-seed1 --out=curves  # learning curves (seed/bench/curves.py)
 
 Each result file gives one row for the framework and one per measured baseline (named `<name>/actor_side`,
-`<name>/transport`); sweep files give one row per point. Columns: configuration, actors, CPUs, envs,
-FPS (env frames per second, measured at the actors), cost per hour, cost per 1B frames and the ratio of
-FPS to the baseline row (--baseline, default the first row).
+`<name>/transport`, `<name>/env_only`); sweep files give one row per point. Columns: configuration, actors,
+CPUs, envs, FPS (env frames per second, measured at the actors), cost per hour, cost per 1B frames, the ratio of
+FPS to the baseline row (--baseline, default the first row) and, when a result measured the env_only baseline,
+each row's FPS as a share of its own result's env_only FPS (the simulator ceiling on the same cores).
+
+Below the table, the cheapest configuration per agent and env: among the rows that train (the framework and
+actor_side rows, not the transport and env_only ceilings), the one with the lowest cost per 1B frames under
+the --pricing table (default: current prices). Per env too, because a CartPole frame and an Atari frame do
+not cost the same.
 
   cost per hour      = CPUs x cpu_core price + sum over accelerators of count x price
   cost per 1B frames = cost per hour / (FPS x 3600) x 1e9
@@ -49,6 +55,9 @@ def cost_per_billion_frames(hourly_cost: float, fps: float) -> float:
     return hourly_cost / (fps * 3600.0) * FRAMES_PER_COST_UNIT
 
 
+TRAINING_KINDS = ("framework", "actor_side")  # rows that train an agent; transport and env_only are ceilings
+
+
 @dataclasses.dataclass
 class Row:
     name: str
@@ -58,6 +67,11 @@ class Row:
     envs: int
     fps: float
     accelerators: dict[str, int]
+    agent: str = "-"
+    env: str = "-"
+    kind: str = "framework"  # framework or the baseline's name (actor_side, transport, env_only)
+    env_groups: int = 1
+    env_only_fps: float | None = None  # the same result's env_only baseline (simulator ceiling), if measured
     cost_per_hour: float | None = None
     cost_per_billion: float | None = None
     ratio: float | None = None
@@ -70,13 +84,16 @@ def _rows_of_result(result: dict[str, Any], cpus_override: float | None,
     c = result["configuration"]
     cpus = cpus_override if cpus_override is not None else float(c["devices"]["cpu_cores"])
     accelerators = accelerators_override if accelerators_override is not None else c["devices"]["accelerators"]
+    baselines = result.get("baselines") or {}
+    common = dict(agent=c.get("agent", "-"), env=c.get("env", "-"), env_groups=c.get("env_groups", 1),
+                  env_only_fps=baselines.get("env_only") and baselines["env_only"]["env_frames_per_sec"])
     rows = [Row(result["name"], result.get("description", ""), c["num_actors"], cpus, c["num_envs"],
-                result["env_frames_per_sec"], dict(accelerators))]
-    for kind, measured in (result.get("baselines") or {}).items():
+                result["env_frames_per_sec"], dict(accelerators), **common)]
+    for kind, measured in baselines.items():
         if measured:
             # A baseline ran on the same machine with the same devices, so it is charged the same.
             rows.append(Row(f"{result['name']}/{kind}", kind, c["num_actors"], cpus, c["num_envs"],
-                            measured["env_frames_per_sec"], dict(accelerators)))
+                            measured["env_frames_per_sec"], dict(accelerators), **common, kind=kind))
     return rows
 
 
@@ -135,10 +152,12 @@ def markdown_table(rows: list[Row], pricing: Pricing, baseline: str, compare: tu
     """The report table: one row per configuration, costs under `pricing` and a column per `compare` table."""
     money = _money(pricing)
     extra = "".join(f" cost per 1B frames ({other.name} prices) |" for other in compare)
+    ceiling = any(r.env_only_fps for r in rows)  # a column of FPS / env_only when some result measured it
     lines = [f"| configuration | accelerators | actors | CPUs | envs | FPS | cost/hour | cost per 1B frames "
              f"({pricing.name} prices) |{extra} "
-             f"FPS ratio to {baseline} |",
-             "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(compare) + "---:|"]
+             f"FPS ratio to {baseline} |" + (" FPS / env_only |" if ceiling else ""),
+             "|---|---|---:|---:|---:|---:|---:|---:|" + "---:|" * len(compare) + "---:|"
+             + ("---:|" if ceiling else "")]
     unpriced: dict[str, set[str]] = {}
     for r in rows:
         devices = ", ".join(f"{n} x {k}" for k, n in r.accelerators.items()) or "-"
@@ -153,13 +172,54 @@ def markdown_table(rows: list[Row], pricing: Pricing, baseline: str, compare: tu
         lines.append(
             f"| {r.name} | {devices} | {r.actors} | {cpus} | {r.envs} | {r.fps:,.0f} | {money}{r.cost_per_hour:.3f} | "
             f"{'-' if r.cost_per_billion is None else f'{money}{r.cost_per_billion:,.2f}'} |{compared} "
-            f"{'-' if r.ratio is None else f'{r.ratio:.2f}x'} |")
+            f"{'-' if r.ratio is None else f'{r.ratio:.2f}x'} |"
+            + (f" {'-' if not r.env_only_fps else f'{r.fps / r.env_only_fps:.2f}'} |" if ceiling else ""))
     lines.append(f"\nPriced with {_prices_line(pricing)}. FPS = env frames per second measured at the actors.")
+    if ceiling:
+        lines.append("FPS / env_only: the row's FPS over its result's env_only baseline (the same envs, actor "
+                     "processes and cores stepping random actions with no learner): the share of the simulator's "
+                     "own limit.")
     for other in compare:
         note = f"\nCompared with {_prices_line(other)}."
         if unpriced.get(other.name):
             note += f" '-': the {other.name} table has no price for {', '.join(sorted(unpriced[other.name]))}."
         lines.append(note)
+    return "\n".join(lines)
+
+
+def cheapest_per_agent(rows: list[Row]) -> dict[tuple[str, str], Row]:
+    """{(agent, env): the priced training row (framework or actor_side) with the lowest cost per 1B frames}."""
+    best: dict[tuple[str, str], Row] = {}
+    for row in rows:
+        if row.kind not in TRAINING_KINDS or row.cost_per_billion is None:
+            continue
+        key = (row.agent, row.env)
+        if key not in best or row.cost_per_billion < best[key].cost_per_billion:
+            best[key] = row
+    return best
+
+
+def cheapest_table(rows: list[Row], pricing: Pricing) -> str:
+    """The cheapest configuration per agent and env, as Markdown (empty when no training row is priced)."""
+    best = cheapest_per_agent(rows)
+    if not best:
+        return ""
+    money = _money(pricing)
+    lines = [f"Cheapest configuration per agent and env (cost per 1B frames at {pricing.name} prices; training "
+             "rows only, the transport and env_only ceilings excluded):",
+             "",
+             "| agent | env | cheapest configuration | actors x envs | accelerators | FPS | cost per 1B frames | "
+             "next cheapest |",
+             "|---|---|---|---|---|---:|---:|---|"]
+    for (agent, env), row in sorted(best.items()):
+        others = sorted((r for r in rows if r.kind in TRAINING_KINDS and (r.agent, r.env) == (agent, env)
+                         and r is not row and r.cost_per_billion is not None), key=lambda r: r.cost_per_billion)
+        runner_up = (f"{others[0].name} ({money}{others[0].cost_per_billion:,.2f}, "
+                     f"{others[0].cost_per_billion / row.cost_per_billion:.2f}x)" if others else "-")
+        groups = f" in {row.env_groups} groups" if row.env_groups > 1 and row.kind == "framework" else ""
+        devices = ", ".join(f"{n} x {k}" for k, n in row.accelerators.items()) or "-"
+        lines.append(f"| {agent} | {env} | {row.name} | {row.actors} x {row.envs // max(1, row.actors)}{groups} | "
+                     f"{devices} | {row.fps:,.0f} | {money}{row.cost_per_billion:,.2f} | {runner_up} |")
     return "\n".join(lines)
 
 
@@ -236,6 +296,9 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     baseline = FLAGS.baseline or rows[0].name
     table = markdown_table(rows, pricing, baseline, compare)
+    cheapest = cheapest_table(rows, pricing)
+    if cheapest:
+        table += "\n\n" + cheapest
     print(table)
     out = os.path.abspath(FLAGS.out or os.path.join("bench_results", "report"))
     os.makedirs(os.path.dirname(out), exist_ok=True)

@@ -24,7 +24,7 @@ from seed.bench.probes import GpuSampler
 from seed.config import EnvOptions, LearnerConfig
 
 SCHEMA = "seed-bench/1"
-BASELINES = ("actor_side", "transport")
+BASELINES = ("actor_side", "transport", "env_only")
 
 
 def _versions() -> dict[str, str]:
@@ -110,7 +110,8 @@ def describe(setup: BenchSetup) -> dict[str, Any]:
     return {
         "agent": c.agent, "env": c.env, "network": network, "network_width": c.network_width,
         "mlp_sizes": c.mlp_sizes if network == "mlp" else None, "use_lstm": c.use_lstm,
-        "num_actors": c.num_actors, "envs_per_actor": c.envs_per_actor, "num_envs": c.num_envs,
+        "num_actors": c.num_actors, "envs_per_actor": c.envs_per_actor, "env_groups": c.env_groups,
+        "num_envs": c.num_envs,
         "action_repeat": spec.action_repeat, "inference_batch_size": c.inference_batch_size,
         "batch_timeout_ms": c.batch_timeout_ms, "batch_size": c.batch_size, "unroll_length": c.unroll_length,
         "inference_device": c.inference_devices or c.inference_device, "training_device": c.training_device,
@@ -159,11 +160,15 @@ def run_bench(setup: BenchSetup, runs_dir: str, duration_s: float, warmup_s: flo
     # The headline numbers, flat, for reports and tables.
     for key in ("env_frames_per_sec", "env_frames_per_sec_learner", "agent_steps_per_sec", "train_steps_per_sec",
                 "inference_batch_size_mean", "round_trip_latency_ms_p50", "round_trip_latency_ms_p99",
-                "learner_latency_ms_p50", "learner_latency_ms_p99", "cpu_seconds", "cpu_cores_used", "gpu"):
+                "learner_latency_ms_p50", "learner_latency_ms_p99", "cpu_seconds", "cpu_cores_used", "gpu",
+                "actor_waiting_fraction"):
         result[key] = framework[key]
     ratio = lambda a, b: None if not a or not b else a / b
-    transport, actor_side = measured.get("transport"), measured.get("actor_side")
+    transport, actor_side, env_only = (measured.get(kind) for kind in ("transport", "actor_side", "env_only"))
     result["ratios"] = {
+        # The share of the simulator's own limit (the same envs, processes and cores with no learner) reached.
+        "framework_over_env_only": ratio(framework["env_frames_per_sec"],
+                                         env_only and env_only["env_frames_per_sec"]),
         "framework_over_transport": ratio(framework["env_frames_per_sec"],
                                           transport and transport["env_frames_per_sec"]),
         "central_over_actor_side": ratio(framework["env_frames_per_sec"],
@@ -194,28 +199,35 @@ def fmt(value: Any, spec: str = ",.0f") -> str:
 def summary_markdown(result: dict[str, Any]) -> str:
     c = result["configuration"]
     devices = "".join(f", {n} x {k}" for k, n in c["devices"]["accelerators"].items())
+    groups = f" in {c['env_groups']} env groups" if c.get("env_groups", 1) > 1 else ""
     lines = [f"### {result['name']}: {c['agent']} on {c['env']}, {c['num_actors']} actors x {c['envs_per_actor']} "
-             f"envs, network {c['network']}, {c['cpu_cores']} CPU cores{devices}",
+             f"envs{groups}, network {c['network']}, {c['cpu_cores']} CPU cores{devices}",
              "",
              "| run | env frames/s (actors) | range over repeats | env frames/s (learner) | train steps/s | "
-             "inference batch | round trip p50 / p99 (ms) | CPU cores used (learner + actors) | other load (cores) | "
-             "CPU pressure |",
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "inference batch | round trip p50 / p99 (ms) | actors waiting | CPU cores used (learner + actors) | "
+             "other load (cores) | CPU pressure |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     runs = [("framework", result["framework"])] + [(k, v) for k, v in result["baselines"].items() if v]
     for kind, m in runs:
         cores = m["cpu_cores_used"]
         repeats = [r["env_frames_per_sec"] for r in m.get("repeats", [])]
         spread = f"{min(repeats):,.0f} - {max(repeats):,.0f}" if len(repeats) > 1 else "-"
+        waiting = m.get("actor_waiting_fraction")
         lines.append(
             f"| {kind} | {fmt(m['env_frames_per_sec'])} | {spread} | {fmt(m['env_frames_per_sec_learner'])} | "
             f"{fmt(m['train_steps_per_sec'], '.1f')} | {fmt(m['inference_batch_size_mean'], '.1f')} | "
             f"{fmt(m['round_trip_latency_ms_p50'], '.2f')} / {fmt(m['round_trip_latency_ms_p99'], '.2f')} | "
+            f"{fmt(None if waiting is None else 100 * waiting, '.0f')}% | "
             f"{fmt(cores['learner'], '.2f')} + {fmt(cores['actors'], '.2f')} | "
             f"{fmt(m['other_processes_cores'], '.2f')} | {fmt(m.get('cpu_pressure_pct'), '.0f')}% |")
     ratios = result["ratios"]
+    notes = []
+    if ratios.get("framework_over_env_only") is not None:
+        notes.append(f"framework / env_only (the simulator ceiling): {ratios['framework_over_env_only']:.2f}")
     if ratios["framework_over_transport"] is not None:
-        lines.append(f"\nframework / transport ceiling: {ratios['framework_over_transport']:.2f}")
+        notes.append(f"framework / transport ceiling: {ratios['framework_over_transport']:.2f}")
     if ratios["central_over_actor_side"] is not None:
-        lines.append(f"central / actor-side inference: {ratios['central_over_actor_side']:.2f}x")
-    return "\n".join(lines)
-
+        notes.append(f"central / actor-side inference: {ratios['central_over_actor_side']:.2f}x")
+    if result["baselines"].get("env_only"):
+        notes.append("env_only: round trip = one step of an actor's K envs (no learner)")
+    return "\n".join(lines + ([""] + notes if notes else []))

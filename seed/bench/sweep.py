@@ -1,4 +1,4 @@
-"""Sweeps: one seed-bench run per value of actors, envs per actor or network width, summarised as a
+"""Sweeps: one seed-bench run per value of actors, envs per actor, env groups or network width, summarised as a
 Markdown table and a plot of env frames per second against the swept value.
 """
 
@@ -12,7 +12,8 @@ import numpy as np
 from seed.bench.configs import BenchSetup, resolve_learner_config
 from seed.bench.results import fmt
 
-SWEEPS = {"actors": "num_actors", "envs_per_actor": "envs_per_actor", "network_width": "network_width"}
+SWEEPS = {"actors": "num_actors", "envs_per_actor": "envs_per_actor", "env_groups": "env_groups",
+          "network_width": "network_width"}
 
 
 def sweep_setups(setup: BenchSetup, sweep: str, values: list[int]) -> list[tuple[int, BenchSetup]]:
@@ -33,17 +34,20 @@ def sweep_setups(setup: BenchSetup, sweep: str, values: list[int]) -> list[tuple
 
 def sweep_table(sweep: str, points: list[dict[str, Any]]) -> str:
     lines = [f"| {sweep} | envs | env frames/s (actors) | env frames/s (learner) | train steps/s | "
-             "round trip p50 (ms) | transport ceiling | actor-side | other load (cores) |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "round trip p50 (ms) | actors waiting | transport ceiling | actor-side | env_only | other load (cores) |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for point in points:
         r = point["result"]
         base = r["baselines"]
+        waiting = r["framework"].get("actor_waiting_fraction")
         lines.append(
             f"| {point['value']} | {r['configuration']['num_envs']} | {fmt(r['env_frames_per_sec'])} | "
             f"{fmt(r['env_frames_per_sec_learner'])} | {fmt(r['train_steps_per_sec'], '.1f')} | "
             f"{fmt(r['round_trip_latency_ms_p50'], '.2f')} | "
+            f"{fmt(None if waiting is None else 100 * waiting, '.0f')}% | "
             f"{fmt(base['transport'] and base['transport']['env_frames_per_sec'])} | "
             f"{fmt(base['actor_side'] and base['actor_side']['env_frames_per_sec'])} | "
+            f"{fmt(base.get('env_only') and base['env_only']['env_frames_per_sec'])} | "
             f"{fmt(r['framework'].get('other_processes_cores'), '.2f')} |")
     return "\n".join(lines)
 
@@ -56,10 +60,11 @@ def sweep_plot(sweep: str, points: list[dict[str, Any]], title: str, path: str) 
 
     values = [p["value"] for p in points]
     fig, ax = plt.subplots(figsize=(6, 4))
-    baseline_fps = lambda r, kind: r["baselines"][kind] and r["baselines"][kind]["env_frames_per_sec"]
+    baseline_fps = lambda r, kind: r["baselines"].get(kind) and r["baselines"][kind]["env_frames_per_sec"]
     series = [("framework (central inference)", lambda r: r["env_frames_per_sec"]),
               ("transport ceiling", lambda r: baseline_fps(r, "transport")),
-              ("actor-side inference", lambda r: baseline_fps(r, "actor_side"))]
+              ("actor-side inference", lambda r: baseline_fps(r, "actor_side")),
+              ("env_only (simulator ceiling)", lambda r: baseline_fps(r, "env_only"))]
     for label, get in series:
         ys = [get(p["result"]) for p in points]
         if any(y is not None for y in ys):

@@ -8,7 +8,8 @@ the framework's overhead as a ratio.
 
     python -m seed.bench.transport_ceiling --server_address=unix:/tmp/ceiling.sock --env=fake:vector --envs_per_actor=64
 
-It takes the actors' env flags (EnvOptions), so the handshake's spec check passes exactly as with the learner.
+It takes the actors' env flags (EnvOptions), so the handshake's spec check passes exactly as with the learner;
+with --env_groups=G each actor's G groups are G streams of K / G envs, as on the learner.
 """
 
 from __future__ import annotations
@@ -86,8 +87,11 @@ def main(argv: list[str]) -> None:
     env_options = build_config(EnvOptions, explicit_flags(EnvOptions, FLAGS))
     spec = make_spec(env_options.env, env_options.env_options())
     addresses = [a.strip() for a in FLAGS.server_address.split(",") if a.strip()]
-    server, service = serve(addresses, spec, env_options.envs_per_actor, max_workers=FLAGS.num_actors + 8)
+    # With --env_groups every group of an actor is its own stream of envs_per_actor / env_groups envs.
+    server, service = serve(addresses, spec, env_options.envs_per_stream,
+                            max_workers=FLAGS.num_actors * env_options.env_groups + 8)
     print(f"[ceiling] env={env_options.env} envs_per_actor={env_options.envs_per_actor} "
+          f"env_groups={env_options.env_groups} "
           f"listening on {', '.join(addresses)}", flush=True)
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())

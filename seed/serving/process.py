@@ -169,7 +169,8 @@ class ServingProcess:
     """
 
     def __init__(self, layout: SlabLayout, spec: EnvSpec, addresses: list[str], max_workers: int,
-                 request_write_fds: list[int], reply_read_fd: int, on_episodes: Callable[[list[tuple[int, float]]], None],
+                 request_write_fds: list[int], reply_read_fd: int,
+                 on_episodes: Callable[[list[tuple[int, float]]], None],
                  security: TransportSecurity, max_message_bytes: int, shm_reply_fds: list[int] | None = None):
         self._layout, self._spec, self._addresses, self._max_workers = layout, spec, addresses, max_workers
         self._security, self._max_message_bytes = security, max_message_bytes
