@@ -170,3 +170,18 @@ def test_bad_options(gfootball):
         make_spec(f"football:{SCENARIO}", {"football_rewards": "goals"})
     with pytest.raises(ValueError, match="smm_size"):
         make_spec(f"football:{SCENARIO}", {"smm_size": (96, 72)})
+
+
+def test_gfootball_episode_lines_are_dropped_but_its_warnings_pass():
+    """gfootball logs one INFO line per finished episode through absl; the env filters those out."""
+    import logging
+
+    from seed.envs.football import _NoEpisodeLines
+
+    def record(level, module):
+        return logging.LogRecord("absl", level, f"/x/{module}.py", 1, "Episode reward: 1.00", None, None)
+
+    drop = _NoEpisodeLines()
+    assert not drop.filter(record(logging.INFO, "football_env_core"))
+    assert drop.filter(record(logging.WARNING, "football_env_core"))
+    assert drop.filter(record(logging.INFO, "actor_main"))
