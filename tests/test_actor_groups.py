@@ -25,7 +25,7 @@ from seed.envs import make_batch, make_spec
 from tests.conftest import REPO, read_metrics, wait_for
 from tests.test_end_to_end import _actor_args, _learner_args
 
-CONNECTED = re.compile(r"actor (\d+) connected \(run [0-9a-f]+, env ids (\d+)\.\.(\d+)\)")
+CONNECTED = re.compile(r"actor (\d+) connected over \w+ \(run [0-9a-f]+, env ids (\d+)\.\.(\d+)\)")
 
 
 # ----------------------------------------------------------------------------------------------- layout
