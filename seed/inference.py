@@ -26,7 +26,7 @@ from seed.state_table import StateTable
 from seed.sync_gate import RolloutGate
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
-from seed.wire import WireError, check_step_values, to_torch
+from seed.wire import WireError, check_step_values, invalid_step_values, to_torch
 
 log = logging.getLogger(__name__)
 
@@ -190,8 +190,7 @@ class CentralInference:
         """bool [n]: the requests whose copied values fail `wire.check_step_values` (rewards float32 [n * K],
         done and truncated bool [n * K]); each is answered REPLY_INVALID with the check's message."""
         k = self.k
-        bad_rows = ~np.isfinite(reward) | (done.view(np.uint8) > 1) | (truncated.view(np.uint8) > 1)
-        invalid = bad_rows.reshape(-1, k).any(axis=1)
+        invalid = invalid_step_values(reward, done, truncated).reshape(-1, k).any(axis=1)
         if not invalid.any():
             return invalid
         for i in np.flatnonzero(invalid).tolist():

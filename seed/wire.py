@@ -59,6 +59,13 @@ def check_bool_bytes(field: str, raw: np.ndarray) -> None:
                         "expected 0 or 1 for dtype 'bool'")
 
 
+def invalid_step_values(reward: np.ndarray, done: np.ndarray, truncated: np.ndarray) -> np.ndarray:
+    """bool, element-wise: where `check_step_values` would object (a non-finite reward, or a done/truncated byte
+    other than 0 and 1); the vectorised form for many actors' rows at once."""
+    return (~np.isfinite(reward) | (np.asarray(done).view(np.uint8) > 1)
+            | (np.asarray(truncated).view(np.uint8) > 1))
+
+
 def check_step_values(reward: np.ndarray, done: np.ndarray, truncated: np.ndarray) -> None:
     """The value checks of one step of K envs, whatever carried it: rewards float32 [K] finite, done and
     truncated bool [K] holding only bytes 0 and 1 (read as uint8, so a byte 2 is seen, not taken as True).

@@ -148,6 +148,7 @@ class Agent:
             lambda_=c.lambda_)
         policy_loss = -(target_action_log_probs * returns.pg_advantages).mean()
         baseline_loss = c.baseline_cost * 0.5 * (returns.vs - baseline[:-1]).pow(2).mean()
+        rhos = log_rhos.exp()
         entropy = -(F.softmax(logits[:-1], -1) * target_log_probs).sum(-1).mean()
         entropy_loss = -c.entropy_cost * entropy
         total = policy_loss + baseline_loss + entropy_loss
@@ -160,8 +161,8 @@ class Agent:
             "policy/entropy": entropy.item(),
             "V/value function": baseline[:-1].mean().item(),
             # Off-policyness (how far the behaviour policy lags the trained one) and the learning signal.
-            "vtrace/rho_mean": log_rhos.exp().mean().item(),
-            "vtrace/rho_clipped_fraction": (log_rhos.exp() > c.clip_rho_threshold).float().mean().item(),
+            "vtrace/rho_mean": rhos.mean().item(),
+            "vtrace/rho_clipped_fraction": (rhos > c.clip_rho_threshold).float().mean().item(),
             "vtrace/advantage_abs_mean": returns.pg_advantages.abs().mean().item(),
         }
         return LossOutput(total, metrics)

@@ -204,6 +204,12 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
               f"{first_env_id + num_envs - 1})", flush=True)
         return first_env_id
 
+    def report_episodes(self, first_env_id: int, finished) -> None:
+        """Hands the finished episodes of one actor's step (EpisodeStats, already checked) to `on_episodes` as
+        (env id, raw return) pairs; `first_env_id`: the actor's, from `register`."""
+        if finished:
+            self.on_episodes([(first_env_id + e.env_index, e.raw_return) for e in finished])
+
     def Stream(self, request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext):
         handshake = read_handshake(request_iterator, context, self.check_handshake)
         if handshake is None:
@@ -223,6 +229,5 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             except wire.WireError as error:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor}: {error}")
             actions = self._infer(actor, run_id, arrays, context)
-            if message.step.finished:
-                self.on_episodes([(first_env_id + e.env_index, e.raw_return) for e in message.step.finished])
+            self.report_episodes(first_env_id, message.step.finished)
             yield seed_pb2.LearnerMessage(actions=seed_pb2.ActionBatch(action=wire.encode_tensor(actions)))

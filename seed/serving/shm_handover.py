@@ -108,12 +108,11 @@ class ShmHandover:
         try:
             with connection:
                 connection.settimeout(HELLO_TIMEOUT_S)
-                handshake = self._handshake(connection)
-                if handshake is None:
+                attached = self._handshake(connection)
+                if attached is None:
                     return
                 connection.settimeout(None)
-                self._receive_episodes(connection, handshake.actor_index,
-                                        handshake.actor_index * handshake.num_envs)
+                self._receive_episodes(connection, *attached)
         except (OSError, shm_protocol.FrameError):
             pass  # the actor went away or broke the framing; its run ends with the connection
         finally:
@@ -124,8 +123,9 @@ class ShmHandover:
         with contextlib.suppress(OSError):
             shm_protocol.send_json(connection, {"ok": False, "code": code, "details": details})
 
-    def _handshake(self, connection: socket.socket) -> seed_pb2.Handshake | None:
-        """Authenticates and checks the hello; sends the descriptors. The handshake, or None if refused."""
+    def _handshake(self, connection: socket.socket) -> tuple[int, int] | None:
+        """Authenticates and checks the hello; sends the descriptors. (actor index, first env id), or None if
+        refused."""
         pid, uid, _ = struct.unpack("3i", connection.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12))
         if uid != os.getuid():
             self._refuse(connection, "UNAUTHENTICATED", f"peer uid: got {uid} (pid {pid}), expected the learner's "
@@ -170,7 +170,7 @@ class ShmHandover:
         shm_protocol.send_json(connection, {"ok": True, "first_env_id": first_env_id,
                                             "learner_run": service.learner_run,
                                             "layout": dataclasses.asdict(layout)}, fds)
-        return handshake
+        return actor, first_env_id
 
     def _receive_episodes(self, connection: socket.socket, actor: int, first_env_id: int) -> None:
         while (payload := shm_protocol.read_frame(connection)) is not None:
@@ -181,5 +181,4 @@ class ShmHandover:
             except (DecodeError, wire.WireError) as error:
                 self._refuse(connection, "INVALID_ARGUMENT", f"actor {actor}: episodes frame: {error}")
                 return
-            if step.finished:
-                self.service.on_episodes([(first_env_id + e.env_index, e.raw_return) for e in step.finished])
+            self.service.report_episodes(first_env_id, step.finished)
