@@ -72,6 +72,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         discounting=0.993, lambda_=0.95, grad_clip_norm=0.5, total_environment_frames=5e6, log_interval_s=30.0,
         checkpoint_interval_s=300.0,
     ),
+    # HTS-RL's PPO on academy_empty_goal: football_close_ppo's settings on the longer scenario (HTS-RL Table 2
+    # has both; the shaped checkpoint rewards matter more here, where the goal is half a pitch away).
+    "football_goal_ppo": dict(
+        agent="ppo", env="football:academy_empty_goal", network="football_small", use_lstm=False,
+        football_rewards="scoring,checkpoints", num_actors=2, envs_per_actor=9, num_eval_envs=2, sync="hts",
+        sync_every=128,
+        ppo_epochs=2, ppo_minibatches=8, ppo_clip=0.2, learning_rate=3.43e-4, entropy_cost=0.01,
+        discounting=0.993, lambda_=0.95, grad_clip_norm=0.5, total_environment_frames=20e6, log_interval_s=30.0,
+        checkpoint_interval_s=300.0,
+    ),
     # Synchronous PPO on CartPole, bit-identical for one seed (--deterministic): the agent's gym defaults.
     "cartpole_ppo": dict(
         agent="ppo", env="gym:CartPole-v1", num_actors=2, envs_per_actor=4, sync="hts", deterministic=True,
@@ -95,6 +105,7 @@ PRESET_SOURCES: dict[str, str] = {
     "football_close_ppo": "HTS-RL's paper settings (16 envs, sync every 128 steps, PPO 2 epochs x 8 minibatches, "
                           "lr 3.43e-4, scoring,checkpoints rewards) with the small Football network; not yet "
                           "measured here.",
+    "football_goal_ppo": "as football_close_ppo, on academy_empty_goal.",
     "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
                     "deterministic.",
 }

@@ -195,8 +195,11 @@ def _rollout(agent, steps, envs, generator):
     return TrainingBatch(Unroll(unroll_steps, agent.initial_state(envs), torch.arange(envs)))
 
 
-def test_football_close_ppo_preset_has_hts_rl_hyperparameters(tmp_path):
-    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "football_close_ppo"})
+@pytest.mark.parametrize("name, scenario", [("football_close_ppo", "academy_empty_goal_close"),
+                                            ("football_goal_ppo", "academy_empty_goal")])
+def test_football_ppo_presets_have_hts_rl_hyperparameters(tmp_path, name, scenario):
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": name})
+    assert config.env == f"football:{scenario}"
     assert (config.agent, config.sync, config.sync_every, config.unroll_length) == ("ppo", "hts", 128, 128)
     # HTS-RL's 16 training envs, plus 2 evaluation envs that the batch leaves out.
     assert (config.num_envs, config.num_eval_envs, config.batch_size) == (18, 2, 16)
