@@ -1,0 +1,159 @@
+"""The learner's compute per agent step on this machine: one inference forward and one training step, timed
+alone (no actors, no gRPC, no other thread), so a framework FPS figure can be set against what the learner's
+own arithmetic allows.
+
+    python -m seed.bench.compute_cost --preset=pong_vtrace --torch_threads=1 --out=bench_results/cost.json
+    python -m seed.bench.compute_cost --preset=pong_vtrace --network=nature --inference_batch_sizes=8,16
+
+Any learner flag (or a --preset) picks the agent, env, network and batch shapes. The unrolls it trains on are
+made by the agent's own `act` on random frames, so every field the loss reads is there with its real shape.
+
+Reported (milliseconds of wall time on the timing thread, medians over --repeats):
+  inference_ms[B]           agent.act on B rows (the policy's forward and sampling), under torch.no_grad
+  train_step_ms             one optimizer step on batch_size unrolls of burn_in + unroll_length + 1 steps
+                            (PPO: its whole epochs x minibatches update on one rollout)
+  learner_ms_per_agent_step inference_ms[B] / B + train_step_ms / (trained agent steps per update), at the
+                            largest B: the learner's time per agent step if it had one core to itself
+  learner_bound_fps         action_repeat x 1000 / learner_ms_per_agent_step: env frames per second that the
+                            learner's arithmetic alone allows on that core
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from typing import Any
+
+import torch
+from absl import app, flags
+
+from seed.agents import agent_module
+from seed.config import LearnerConfig, define_flags, explicit_flags
+from seed.contracts import InferenceBatch
+from seed.envs import make_spec
+from seed.learner_main import resolve_config
+from seed.unroll import STEP_FIELDS, TrainingBatch, Unroll
+
+FLAGS = flags.FLAGS
+
+
+def _batch(spec, rows: int, step: int, generator: torch.Generator, actions: torch.Tensor) -> InferenceBatch:
+    observation = torch.randint(0, 256, (rows, *spec.observation_shape), generator=generator,
+                                dtype=torch.int64).to(getattr(torch, spec.observation_dtype))
+    return InferenceBatch(env_ids=torch.arange(rows), observation=observation,
+                          reward=torch.zeros(rows), done=torch.full((rows,), step == 0), prev_action=actions)
+
+
+def make_unrolls(agent: Any, spec, config: LearnerConfig, generator: torch.Generator) -> Unroll:
+    """A time-major batch [burn_in + unroll_length + 1, batch_size, ...] played by `agent.act` on random frames."""
+    rows = config.batch_size
+    length = config.burn_in + config.unroll_length + 1
+    initial = agent.initial_state(rows)
+    state = dict(initial)
+    actions = torch.zeros(rows, dtype=torch.int64)
+    steps: dict[str, list[torch.Tensor]] = {}
+    with torch.no_grad():
+        for t in range(length):
+            batch = _batch(spec, rows, t, generator, actions)
+            out = agent.act(agent.network, batch, state)
+            fields = {"observation": batch.observation, "reward": batch.reward, "done": batch.done,
+                      "truncated": torch.zeros(rows, dtype=torch.bool), "prev_action": actions,
+                      "action": out.action, "valid": torch.ones(rows, dtype=torch.bool),
+                      "policy_version": torch.zeros(rows, dtype=torch.int64), **out.outputs}
+            for key, value in fields.items():
+                steps.setdefault(key, []).append(value)
+            state, actions = out.state, out.action
+    assert set(STEP_FIELDS) <= set(steps)
+    return Unroll({k: torch.stack(v) for k, v in steps.items()}, initial, torch.arange(rows))
+
+
+def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: int) -> dict[str, Any]:
+    """The JSON result (see the module docstring); CPU only."""
+    torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+    torch.manual_seed(config.seed)
+    spec = make_spec(config.env, config.env_options())
+    agent = agent_module(config.agent).Agent(spec, config)
+    generator = torch.Generator().manual_seed(config.seed)
+    inference_ms = {}
+    for rows in inference_batch_sizes:
+        batch = _batch(spec, rows, 1, generator, torch.zeros(rows, dtype=torch.int64))
+        state = agent.initial_state(rows)
+
+        def act():
+            with torch.no_grad():
+                agent.act(agent.network, batch, state)
+        inference_ms[rows] = _median_ms(act, repeats * 5)
+
+    unrolls = make_unrolls(agent, spec, config, generator)
+    training = TrainingBatch(unrolls, importance_weights=torch.ones(config.batch_size) if agent.uses_replay else None)
+    optimizer = torch.optim.Adam(agent.network.parameters(), lr=config.learning_rate, eps=config.adam_epsilon,
+                                 foreach=True)
+
+    def train():
+        if hasattr(agent, "train_rollout"):
+            agent.train_rollout(training, optimizer, config.grad_clip_norm, 0)
+            return
+        out = agent.loss(training)
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        if config.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(agent.network.parameters(), config.grad_clip_norm)
+        optimizer.step()
+    train_ms = _median_ms(train, repeats)
+
+    largest = max(inference_batch_sizes)
+    trained_steps = config.batch_size * config.unroll_length
+    per_step = inference_ms[largest] / largest + train_ms / trained_steps
+    return {
+        "agent": config.agent, "env": config.env, "network": config.network, "use_lstm": config.use_lstm,
+        "preset": config.preset, "batch_size": config.batch_size, "unroll_length": config.unroll_length,
+        "burn_in": config.burn_in, "torch_threads": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
+        "torch": torch.__version__, "repeats": repeats,
+        "inference_ms": {str(k): round(v, 3) for k, v in inference_ms.items()},
+        "train_step_ms": round(train_ms, 2),
+        "learner_ms_per_agent_step": round(per_step, 4),
+        "learner_bound_fps": round(spec.action_repeat * 1e3 / per_step, 1),
+    }
+
+
+def main(argv: list[str]) -> None:
+    del argv
+    values = explicit_flags(LearnerConfig, FLAGS)
+    values.setdefault("logdir", "/tmp/seed-compute-cost")
+    config = resolve_config(values)
+    sizes = [int(s) for s in FLAGS.inference_batch_sizes]
+    if not sizes or min(sizes) < 1:
+        raise SystemExit(f"--inference_batch_sizes: got {FLAGS.inference_batch_sizes}, expected positive integers")
+    result = measure(config, sizes, FLAGS.repeats)
+    text = json.dumps(result, indent=1)
+    print(text)
+    if FLAGS.out:
+        os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
+        with open(FLAGS.out, "w") as f:
+            f.write(text + "\n")
+
+
+def run() -> None:
+    define_flags(LearnerConfig)
+    flags.DEFINE_list("inference_batch_sizes", ["8", "16"], "Rows per timed inference forward.")
+    flags.DEFINE_integer("repeats", 20, "Timed training steps (inference forwards: 5x as many); medians reported.")
+    flags.DEFINE_string("out", "", "Write the JSON result here too.")
+    app.run(main)
+
+
+if __name__ == "__main__":
+    sys.exit(run())
