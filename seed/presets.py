@@ -94,7 +94,8 @@ PRESET_SOURCES: dict[str, str] = {
                    "DQN network; batch 8 and lr 6e-4 chosen on this framework on 2 CPU cores "
                    "(docs/learning/README.md).",
     "pong_ppo": "CleanRL's Atari PPO hyperparameters (ppo_atari.py) on the 2013 DQN network; synchronous HTS "
-                "rollouts; not yet measured on Pong here.",
+                "rollouts; on 2 CPU cores it runs at 1,337 FPS and had not left -21 after 2.3M frames "
+                "(docs/learning/README.md).",
     "pong_vtrace_gpu": "IMPALA deep + LSTM (the paper's network) with IMPALA's Atari settings; not yet measured "
                        "on a GPU here.",
     "pong_r2d2_gpu": "SEED paper Table 8 (the agent's Atari defaults) with a 50K-sequence replay; not yet "
