@@ -91,6 +91,14 @@ def test_runs_group_by_configuration_without_seed(three_runs):
     ]
 
 
+def test_group_seeds_false_draws_every_run_on_its_own(three_runs):
+    groups = curves.group_runs([curves.load_run(logdir) for logdir in three_runs], group_seeds=False)
+    assert [[os.path.basename(r.logdir) for r in runs] for _, runs in groups] == [["seed0"], ["seed1"], ["lr"]]
+    labels = [label for label, _ in groups]
+    assert len(set(labels)) == 3, labels  # the two seeds' identical labels are told apart by their logdirs
+    assert labels[0].endswith("[seed0]") and labels[1].endswith("[seed1]")
+
+
 def test_band_is_mean_min_max_over_the_common_range(tmp_path):
     low = curves.load_run(write_run(tmp_path / "low", rows([60, 120, 180], [0, 100, 200], [0, 10, 20])))
     high = curves.load_run(write_run(tmp_path / "high", rows([60, 120, 180, 240], [0, 100, 200, 300],

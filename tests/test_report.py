@@ -205,6 +205,23 @@ def test_cheapest_per_agent_and_env_ignores_the_ceilings(current, tmp_path):
     assert "| 1.00x | 0.05 |" in table and "| cpu_small/env_only |" in table and "| 1.00 |" in table
 
 
+def test_a_framework_run_that_never_trained_is_not_the_cheapest(current, tmp_path):
+    # Inference alone (e.g. --batch_size=1000000: no training batch ever fills) is faster but trains nothing.
+    untrained = _result("inference_only", 50_000)
+    untrained["framework"] = {"env_frames_per_sec": 50_000, "train_steps_per_sec": 0.0}
+    trained = _result("trains", 20_000)
+    trained["framework"] = {"env_frames_per_sec": 20_000, "train_steps_per_sec": 31.0}
+    paths = []
+    for result in (untrained, trained):
+        result["configuration"].update(agent="vtrace", env="fake:vector")
+        paths.append(tmp_path / f"{result['name']}.json")
+        paths[-1].write_text(json.dumps(result))
+    rows = report.price_rows(report.load_rows([str(p) for p in paths]), current)
+    assert [(r.name, r.kind) for r in rows] == [("inference_only", "untrained"), ("trains", "framework")]
+    assert report.cheapest_per_agent(rows)[("vtrace", "fake:vector")].name == "trains"
+    assert "| inference_only |" in report.markdown_table(rows, current, "trains")  # still in the table
+
+
 RECORDED = os.path.join(os.path.dirname(__file__), "data", "bench")
 # Recorded 2026-11-23 on the 2-core dev machine under load (env groups 1 vs 2, 40 s runs, env_only baseline).
 EXPECTED_CHEAPEST = {("ppo", "gym:CartPole-v1"): "cartpole_ppo", ("vtrace", "atari:Pong"): "pong_dqn_small_g2",

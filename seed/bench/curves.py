@@ -227,12 +227,16 @@ def group_key(run: Run) -> tuple:
     return ("config", tuple(items), run.metric)
 
 
-def group_runs(runs: list[Run]) -> list[tuple[str, list[Run]]]:
+def group_runs(runs: list[Run], group_seeds: bool = True) -> list[tuple[str, list[Run]]]:
     """Runs grouped by configuration without seed and logdir (and by metric), in first-seen order, with labels:
-    agent and env, the configuration values that differ between groups of the same env, the number of seeds."""
+    agent and env, the configuration values that differ between groups of the same env, the number of seeds.
+
+    `group_seeds=False`: every run is a group of its own (for runs of one configuration made under different
+    conditions, e.g. on a quiet and on a shared machine, whose minutes should not be averaged)."""
     groups: dict[tuple, list[Run]] = {}
     for run in runs:
-        groups.setdefault(group_key(run), []).append(run)
+        key = group_key(run) if group_seeds else ("logdir", run.logdir, run.metric)
+        groups.setdefault(key, []).append(run)
     configs = [members[0].config or {} for members in groups.values()]
     # Keys one configuration lacks (written by an older version) do not tell groups apart.
     differing = sorted({k for a in configs for b in configs if a.get("env") == b.get("env")
@@ -339,8 +343,9 @@ def markdown(sections: list[tuple[str, list[tuple[str, list[Run]]], tuple[float,
 
 
 def write_report(logdirs: list[str], out_dir: str, metric: str = "",
-                 targets: tuple[float, ...] | None = None) -> tuple[str, list[str]]:
-    """Reads the runs, writes `curves.md` and one PNG per env into `out_dir`; returns (markdown, paths)."""
+                 targets: tuple[float, ...] | None = None, group_seeds: bool = True) -> tuple[str, list[str]]:
+    """Reads the runs, writes `curves.md` and one PNG per env into `out_dir`; returns (markdown, paths).
+    `group_seeds`: see `group_runs`."""
     if not logdirs:
         raise CurvesError("--curves: got no logdirs, expected one or more learner logdirs")
     runs = [load_run(logdir, metric) for logdir in logdirs]
@@ -350,7 +355,7 @@ def write_report(logdirs: list[str], out_dir: str, metric: str = "",
         by_env.setdefault(run.env, []).append(run)
     sections, paths = [], []
     for env, env_runs in by_env.items():
-        groups = group_runs(env_runs)
+        groups = group_runs(env_runs, group_seeds)
         env_targets = targets_for(env, targets)
         path = os.path.join(out_dir, file_name(env))
         plot(groups, env, env_targets, path)

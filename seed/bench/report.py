@@ -13,7 +13,7 @@ FPS to the baseline row (--baseline, default the first row) and, when a result m
 each row's FPS as a share of its own result's env_only FPS (the simulator ceiling on the same cores).
 
 Below the table, the cheapest configuration per agent and env: among the rows that train (the framework and
-actor_side rows, not the transport and env_only ceilings), the one with the lowest cost per 1B frames under
+actor_side rows, not the transport and env_only ceilings nor a framework run that made no training step), the one with the lowest cost per 1B frames under
 the --pricing table (default: current prices). Per env too, because a CartPole frame and an Atari frame do
 not cost the same.
 
@@ -69,7 +69,8 @@ class Row:
     accelerators: dict[str, int]
     agent: str = "-"
     env: str = "-"
-    kind: str = "framework"  # framework or the baseline's name (actor_side, transport, env_only)
+    kind: str = "framework"  # framework, untrained (a framework run that never trained) or the baseline's name
+    #                          (actor_side, transport, env_only)
     env_groups: int = 1
     env_only_fps: float | None = None  # the same result's env_only baseline (simulator ceiling), if measured
     cost_per_hour: float | None = None
@@ -87,8 +88,12 @@ def _rows_of_result(result: dict[str, Any], cpus_override: float | None,
     baselines = result.get("baselines") or {}
     common = dict(agent=c.get("agent", "-"), env=c.get("env", "-"), env_groups=c.get("env_groups", 1),
                   env_only_fps=baselines.get("env_only") and baselines["env_only"]["env_frames_per_sec"])
+    # A framework run whose learner never trained (e.g. --batch_size larger than anything the run produced, to
+    # measure inference alone) is a ceiling too, not a configuration to train with.
+    trained = (result.get("framework") or {}).get("train_steps_per_sec", result.get("train_steps_per_sec"))
+    kind = "framework" if trained is None or trained > 0 else "untrained"
     rows = [Row(result["name"], result.get("description", ""), c["num_actors"], cpus, c["num_envs"],
-                result["env_frames_per_sec"], dict(accelerators), **common)]
+                result["env_frames_per_sec"], dict(accelerators), **common, kind=kind)]
     for kind, measured in baselines.items():
         if measured:
             # A baseline ran on the same machine with the same devices, so it is charged the same.
@@ -271,7 +276,8 @@ def curves_main(logdirs: list[str]) -> None:
 
     out = os.path.abspath(FLAGS.out or os.path.join("bench_results", "curves"))
     try:
-        text, paths = curves.write_report(logdirs, out, FLAGS.metric, curves.parse_targets(FLAGS.targets))
+        text, paths = curves.write_report(logdirs, out, FLAGS.metric, curves.parse_targets(FLAGS.targets),
+                                          FLAGS.group_seeds)
     except (curves.CurvesError, OSError) as error:
         print(f"seed-report: {error}", file=sys.stderr)
         sys.exit(2)
@@ -325,6 +331,9 @@ def run() -> None:
                                       "where a run logs it, else episode_return_mean.")
     flags.DEFINE_list("targets", [], "--curves: target values, e.g. 0.4,0.8; default per env (Pong 18, Football "
                                      "0.4,0.8, CartPole-v1 450).")
+    flags.DEFINE_bool("group_seeds", True, "--curves: draw runs that differ only in --seed as one mean with a "
+                                           "min-max band; false draws every run on its own (runs made under "
+                                           "different machine load).")
     app.run(main)
 
 
