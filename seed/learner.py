@@ -420,7 +420,10 @@ class _PeriodicLogger:
     def finish(self) -> None:
         self._done.set()
         self.thread.join(timeout=10)
-        if self.thread.failure is None and time.monotonic() - self.last_time > 0.5:
+        # The last row carries whatever the window holds: a short run (--max_train_steps) can train all its steps
+        # within half a second of the previous row, and those steps' values must not be dropped.
+        unlogged = self.learner.metrics.train_steps != self.last_train_steps
+        if self.thread.failure is None and (unlogged or time.monotonic() - self.last_time > 0.5):
             self.write()
 
 

@@ -24,6 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seed.actor_main import SUPERSEDED_EXIT_CODE
 from seed.config import ActorConfig, LearnerConfig
+from seed.transport import CHANNEL_OPTIONS
 
 MAX_ACTOR_RESTARTS = 20
 MAX_LEARNER_RESTARTS = 5
@@ -61,7 +62,7 @@ def actor_address(server_address: str) -> str:
 
 def wait_until_serving(address: str, learner: subprocess.Popen, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
-    with grpc.insecure_channel(address) as channel:
+    with grpc.insecure_channel(address, options=CHANNEL_OPTIONS) as channel:  # retries a starting learner fast
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline and learner.poll() is None:
             try:

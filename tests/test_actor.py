@@ -102,6 +102,7 @@ def test_second_live_actor_with_one_index_supersedes_the_first_which_exits(proce
     _actor_args = functools.partial(_any_actor_args, transport=later)
     wait_for(lambda: _train_steps(logdir) >= 5, 90, "training", on_timeout=lambda: processes.output(learner))
     wait_for(lambda: _connects(processes, first, 0) == 1, 30, "actor 0 to connect")
+    wait_for(lambda: _connects(processes, other, 1) == 1, 30, "actor 1 to connect")  # training needs only one
     assert f"over {transport}" in processes.output(first)
     # A second live actor claims index 0: the newer run wins, the older one is told and exits.
     duplicate = processes.actor(_actor_args(address, 0), "actor0-duplicate")

@@ -163,6 +163,7 @@ def test_bench_configs_resolve_and_unknown_keys_are_named(tmp_path):
     setup, extra = configs.build_setup("fake_mlp", configs.DEFAULT_CONFIGS, {"num_actors": 3})
     assert setup.config.num_actors == 3 and setup.config.envs_per_actor == 64
     assert setup.config.env == "fake:vector" and extra["duration_s"] > 0
+    assert setup.description.endswith("(overridden: num_actors=3)"), setup.description  # the result file says so
     path = tmp_path / "configs.yaml"
     path.write_text("broken:\n  env: fake:vector\n  num_actorz: 2\n")
     with pytest.raises(measure.BenchError, match=r"configs.yaml.*num_actorz"):

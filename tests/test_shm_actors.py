@@ -107,6 +107,9 @@ def test_stale_and_superseded_requests_on_the_shm_path(processes, tmp_path):
     os.kill(learner.pid, signal.SIGSTOP)  # inference pauses; the serving process (handshakes) does not
     outcome = []
     try:
+        # kill() returns once the stop is queued; every thread of the learner stops on its own way back to user
+        # space. Only then is the request below certain to be in flight rather than answered.
+        wait_for(lambda: _all_threads_stopped(learner.pid), 10, "the learner's threads to stop")
         thread = threading.Thread(target=lambda: outcome.append(_outcome(second)))
         thread.start()
         wait_for(lambda: int(second.slab.request_seq[0]) == left + 2, 30, "the in-flight request")
@@ -114,7 +117,9 @@ def test_stale_and_superseded_requests_on_the_shm_path(processes, tmp_path):
         wait_for(lambda: processes.output(learner).count("actor 0 connected over shm") == 3, 120,
                  "the third run's handshake", on_timeout=lambda: processes.output(third))
         time.sleep(1.0)
-        assert int(second.slab.request_seq[0]) == left + 2 and int(second.slab.request_run[0]) == 22
+        slot = {name: int(getattr(second.slab, name)[0]) for name in ("request_seq", "request_run", "reply_seq",
+                                                                       "reply_status", "live_run")}
+        assert slot["request_seq"] == left + 2 and slot["request_run"] == 22, (left, slot, _thread_states(learner.pid))
     finally:
         os.kill(learner.pid, signal.SIGCONT)
     thread.join(60)
@@ -124,6 +129,19 @@ def test_stale_and_superseded_requests_on_the_shm_path(processes, tmp_path):
     assert third.poll() is None and learner.poll() is None
     for link in (first, second):
         link.close()
+
+
+def _thread_states(pid: int) -> list[str]:
+    """The scheduler state letter of each thread of `pid` (/proc/<pid>/task/*/stat; 'T' = stopped)."""
+    states = []
+    for task in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{task}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return states
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    return all(state in ("T", "t") for state in _thread_states(pid))
 
 
 def _outcome(link: ShmLink):

@@ -98,7 +98,10 @@ def build_setup(name: str, path: str, overrides: dict[str, Any], transport: str 
                              "torch.cuda.is_available() is False on this machine")
     learner_flags = {**learner, **overrides}
     config = resolve_learner_config(learner_flags)
-    setup = BenchSetup(name=name, description=str(bench.get("description", "")), learner_flags=learner_flags,
+    description = str(bench.get("description", ""))
+    if overrides:  # the config's description names its own values; say which ones this run replaced
+        description += " (overridden: " + ", ".join(f"{k}={v}" for k, v in sorted(overrides.items())) + ")"
+    setup = BenchSetup(name=name, description=description, learner_flags=learner_flags,
                        config=config, actor_torch_threads=int(bench.get("actor_torch_threads", 1)),
                        transport=transport, switch_interval_ms=switch_interval_ms)
     return setup, bench
