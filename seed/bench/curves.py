@@ -289,7 +289,10 @@ def plot(groups: list[tuple[str, list[Run]]], env: str, targets: tuple[float, ..
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+    # The legend goes under both plots (one line per group), so it never covers a curve.
+    legend_rows = (len(groups) + 1) // 2
+    legend_inches = 0.25 + 0.2 * legend_rows
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.5 + legend_inches))
     metrics = sorted({run.metric for _, runs in groups for run in runs})
     for axis, ax, xlabel in (("env_frames", axes[0], "env frames"), ("minutes", axes[1], "wall-clock minutes")):
         for index, (label, runs) in enumerate(groups):
@@ -305,11 +308,14 @@ def plot(groups: list[tuple[str, list[Run]]], env: str, targets: tuple[float, ..
             ax.annotate(f"target {target:g}", (1.0, target), xycoords=("axes fraction", "data"), fontsize=8,
                         color="0.3", va="bottom", ha="right")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel(" / ".join(metrics))
+        ax.set_ylabel(metrics[0] if len(metrics) == 1 else "score or return (metrics in the title)")
         ax.grid(alpha=0.3)
-    axes[0].legend(fontsize=8, loc="best")
-    fig.suptitle(f"{env}: {' / '.join(metrics)} (mean over seeds, band min-max)", fontsize=10)
-    fig.tight_layout()
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=2 if len(groups) > 1 else 1, fontsize=8, frameon=False)
+    banded = any(len(runs) > 1 for _, runs in groups)
+    note = " (mean over seeds, band min-max)" if banded else " (one line per run)"
+    fig.suptitle(f"{env}: {' / '.join(metrics)}{note}", fontsize=10)
+    fig.tight_layout(rect=(0, legend_inches / (4.5 + legend_inches), 1, 1))
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
