@@ -65,6 +65,19 @@ def _scaled_input(observation: torch.Tensor) -> torch.Tensor:
     return observation.float()
 
 
+def conv_on_frames(conv: nn.Conv2d, frames: torch.Tensor) -> torch.Tensor:
+    """conv(frames scaled to [0, 1]) for uint8 frames [N, C, H, W], without the scaling pass over the input.
+
+    The 1/255 is folded into the kernel (conv is linear: conv(x / 255, W) = conv(x, W / 255)), so the frames are
+    only converted to float. On a CPU learner the division was 14% of an R2D2 training step on Pong (a pass over
+    [T x B, 4, 84, 84] floats per forward; docs/ARCHITECTURE.md). Parameters and checkpoints are unchanged.
+    """
+    if frames.dtype != torch.uint8:
+        return conv(frames.float())
+    return F.conv2d(frames.float(), conv.weight * (1.0 / 255.0), conv.bias, conv.stride, conv.padding,
+                    conv.dilation, conv.groups)
+
+
 class MLPTorso(nn.Module):
     """Flattened vector observation [N, D] -> ReLU MLP features [N, sizes[-1]]."""
 
@@ -100,7 +113,8 @@ class _ConvFcTorso(nn.Module):
         self.output_size = fc_size
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.fc(self.convs(_scaled_input(observation)).flatten(1)))
+        first, rest = self.convs[0], self.convs[1:]
+        return F.relu(self.fc(rest(conv_on_frames(first, observation)).flatten(1)))
 
 
 class NatureDQNTorso(_ConvFcTorso):
@@ -134,7 +148,8 @@ class _ResidualBlock(nn.Module):
 class ImpalaResidualStack(nn.Module):
     """IMPALA residual sections: per section a 3x3 conv, 3x3 max-pool stride 2, two residual blocks.
 
-    Input [N, C, H, W] float; output [N, channels[-1], H', W'] after a final ReLU.
+    Input [N, C, H, W] (uint8 frames are scaled to [0, 1] by the first convolution, `conv_on_frames`); output
+    [N, channels[-1], H', W'] after a final ReLU.
     """
 
     def __init__(self, in_channels: int, channels: tuple[int, ...]):
@@ -147,7 +162,7 @@ class ImpalaResidualStack(nn.Module):
         self.sections = nn.Sequential(*sections)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.sections(x))
+        return F.relu(self.sections[1:](conv_on_frames(self.sections[0], x)))
 
 
 class ImpalaDeepTorso(nn.Module):
@@ -162,7 +177,7 @@ class ImpalaDeepTorso(nn.Module):
         self.output_size = fc_size
 
     def forward(self, observation: torch.Tensor) -> torch.Tensor:
-        return F.relu(self.fc(self.stack(_scaled_input(observation)).flatten(1)))
+        return F.relu(self.fc(self.stack(observation).flatten(1)))
 
 
 class ResettingLSTM(nn.Module):
@@ -185,6 +200,12 @@ class ResettingLSTM(nn.Module):
             h, c = self.cell(x[t], (h * keep[t], c * keep[t]))
             outputs.append(h)
         return torch.stack(outputs), (h, c)
+
+
+# The plain conv torsos, where PyTorch's default (and Glorot) init leaves Atari features nearly constant (see
+# orthogonal_init_); the MLP (CartPole's defaults were tuned with the default init) and the residual torsos keep
+# their default. Every agent initialises these torsos orthogonally.
+ORTHOGONAL_INIT_NETWORKS = ("nature", "dqn_small", "football_small")
 
 
 def orthogonal_init_(module: nn.Module, gain: float = math.sqrt(2.0)) -> None:

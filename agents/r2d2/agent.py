@@ -12,7 +12,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from seed.agents.networks import AgentBody, glorot_uniform_, resolve_network
+from seed.agents.networks import ORTHOGONAL_INIT_NETWORKS, AgentBody, glorot_uniform_, orthogonal_init_, resolve_network
 from seed.agents.r2d2.r2d2 import (
     epsilon_schedule,
     inverse_value_rescale,
@@ -54,6 +54,9 @@ def default_config(env_family: str) -> dict[str, Any]:
 class DuelingQNetwork(nn.Module):
     """AgentBody (raw reward and one-hot previous action into the LSTM) + dueling heads of 512 hidden units.
 
+    Init: Glorot uniform (the paper's), except the plain conv torsos (ORTHOGONAL_INIT_NETWORKS): orthogonal with
+    gain sqrt(2), as the V-trace agent does.
+
     forward(...) -> Q-values [T, B, A] (in the value-rescaled space), new state.
     """
 
@@ -68,6 +71,9 @@ class DuelingQNetwork(nn.Module):
         self.advantage = nn.Sequential(nn.Linear(self.body.output_size, hidden), nn.ReLU(),
                                        nn.Linear(hidden, spec.num_actions, bias=False))
         glorot_uniform_(self)
+        if network in ORTHOGONAL_INIT_NETWORKS:
+            # Glorot (the paper's init) on these torsos gives near-constant Atari features (orthogonal_init_).
+            orthogonal_init_(self.body.torso)
 
     def initial_state(self, batch_size: int) -> State:
         return self.body.initial_state(batch_size)

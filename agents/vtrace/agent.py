@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from seed.agents.networks import AgentBody, orthogonal_init_, resolve_network
+from seed.agents.networks import ORTHOGONAL_INIT_NETWORKS, AgentBody, orthogonal_init_, resolve_network
 from seed.agents.vtrace.vtrace import from_importance_weights
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
@@ -36,12 +36,6 @@ def default_config(env_family: str) -> dict[str, Any]:
     if env_family == "fake":
         return dict(unroll_length=20, batch_size=16, use_lstm=False)
     return {}
-
-
-# The plain conv torsos, where PyTorch's default init leaves Atari features nearly constant (see
-# orthogonal_init_); the MLP (CartPole's defaults were tuned with the default init) and the residual torsos keep
-# PyTorch's default.
-ORTHOGONAL_INIT_NETWORKS = ("nature", "dqn_small", "football_small")
 
 
 def _sample(logits: torch.Tensor) -> torch.Tensor:
