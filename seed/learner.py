@@ -37,6 +37,7 @@ from seed.contracts import FinishedEpisodes
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
 from seed.experience import FifoExperience, ReplayExperience, SinkThread
+from seed.host_memory import keep_freed_memory
 from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
 from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
@@ -61,6 +62,8 @@ class Learner:
         os.makedirs(config.logdir, exist_ok=True)
         threads = config.torch_threads or os.cpu_count() or 1
         torch.set_num_threads(threads)
+        if config.keep_freed_memory:
+            keep_freed_memory()
         if config.deterministic:
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # what deterministic cuBLAS needs
             torch.use_deterministic_algorithms(True)

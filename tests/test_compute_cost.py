@@ -5,19 +5,19 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from seed.agents import agent_module
 from seed.bench.compute_cost import make_unrolls, measure
 from seed.envs import make_spec
 from seed.learner_main import resolve_config
 
-import torch
-
 
 @pytest.mark.parametrize("agent", ["vtrace", "r2d2", "ppo"])
 def test_measure_times_every_agent_and_derives_the_learner_bound(tmp_path, agent):
     shapes = {"ppo": {"sync_every": 5, "num_actors": 1, "envs_per_actor": 4},
-              "r2d2": {"batch_size": 4, "unroll_length": 5, "burn_in": 2}}.get(agent, {"batch_size": 4, "unroll_length": 5})
+              "r2d2": {"batch_size": 4, "unroll_length": 5, "burn_in": 2}}.get(
+                  agent, {"batch_size": 4, "unroll_length": 5})
     config = resolve_config({"logdir": str(tmp_path / "run"), "agent": agent, "env": "gym:CartPole-v1",
                              "torch_threads": 1, **shapes})
     result = measure(config, [2, 4], repeats=1)

@@ -34,6 +34,7 @@ from seed.agents import agent_module
 from seed.config import LearnerConfig, define_flags, explicit_flags
 from seed.contracts import InferenceBatch
 from seed.envs import make_spec
+from seed.host_memory import keep_freed_memory
 from seed.learner_main import resolve_config
 from seed.unroll import STEP_FIELDS, TrainingBatch, Unroll
 
@@ -84,6 +85,8 @@ def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
 def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: int) -> dict[str, Any]:
     """The JSON result (see the module docstring); CPU only."""
     torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+    if config.keep_freed_memory:
+        keep_freed_memory()  # as the learner does
     torch.manual_seed(config.seed)
     spec = make_spec(config.env, config.env_options())
     agent = agent_module(config.agent).Agent(spec, config)
@@ -93,7 +96,7 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
         batch = _batch(spec, rows, 1, generator, torch.zeros(rows, dtype=torch.int64))
         state = agent.initial_state(rows)
 
-        def act():
+        def act(batch=batch, state=state):
             with torch.no_grad():
                 agent.act(agent.network, batch, state)
         inference_ms[rows] = _median_ms(act, repeats * 5)

@@ -13,9 +13,9 @@ FPS to the baseline row (--baseline, default the first row) and, when a result m
 each row's FPS as a share of its own result's env_only FPS (the simulator ceiling on the same cores).
 
 Below the table, the cheapest configuration per agent and env: among the rows that train (the framework and
-actor_side rows, not the transport and env_only ceilings nor a framework run that made no training step), the one with the lowest cost per 1B frames under
-the --pricing table (default: current prices). Per env too, because a CartPole frame and an Atari frame do
-not cost the same.
+actor_side rows, not the transport and env_only ceilings nor a framework run that made no training step), the one
+with the lowest cost per 1B frames under the --pricing table (default: current prices). Per env too, because a
+CartPole frame and an Atari frame do not cost the same.
 
   cost per hour      = CPUs x cpu_core price + sum over accelerators of count x price
   cost per 1B frames = cost per hour / (FPS x 3600) x 1e9
