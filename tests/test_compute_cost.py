@@ -23,7 +23,11 @@ def test_measure_times_every_agent_and_derives_the_learner_bound(tmp_path, agent
     result = measure(config, [2, 4], repeats=1)
     assert set(result["inference_ms"]) == {"2", "4"} and min(result["inference_ms"].values()) > 0
     assert result["train_step_ms"] > 0
-    per_step = result["inference_ms"]["4"] / 4 + result["train_step_ms"] / (config.batch_size * config.unroll_length)
+    # R2D2 trains each agent step replay_ratio times on average (4 with the gym defaults); the others once.
+    times_trained = config.replay_ratio if agent == "r2d2" else 1.0
+    assert result["replay_ratio"] == (4.0 if agent == "r2d2" else None)
+    per_step = (result["inference_ms"]["4"] / 4
+                + times_trained * result["train_step_ms"] / (config.batch_size * config.unroll_length))
     assert result["learner_ms_per_agent_step"] == pytest.approx(per_step, rel=1e-3, abs=1e-3)
     assert result["learner_bound_fps"] == pytest.approx(1e3 / result["learner_ms_per_agent_step"], rel=1e-2)
 

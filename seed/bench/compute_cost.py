@@ -13,7 +13,8 @@ Reported (milliseconds of wall time on the timing thread, medians over --repeats
   train_step_ms             one optimizer step on batch_size unrolls of burn_in + unroll_length + 1 steps
                             (PPO: its whole epochs x minibatches update on one rollout)
   learner_ms_per_agent_step inference_ms[B] / B + train_step_ms / (trained agent steps per update), at the
-                            largest B: the learner's time per agent step if it had one core to itself
+                            largest B, times --replay_ratio for R2D2 (each agent step is trained that many times
+                            on average): the learner's time per agent step if it had one core to itself
   learner_bound_fps         action_repeat x 1000 / learner_ms_per_agent_step: env frames per second that the
                             learner's arithmetic alone allows on that core
 """
@@ -120,11 +121,14 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
 
     largest = max(inference_batch_sizes)
     trained_steps = config.batch_size * config.unroll_length
-    per_step = inference_ms[largest] / largest + train_ms / trained_steps
+    # A replay agent trains each inserted sequence (unroll_length new agent steps) replay_ratio times on average.
+    updates_per_trained_step = config.replay_ratio if agent.uses_replay else 1.0
+    per_step = inference_ms[largest] / largest + updates_per_trained_step * train_ms / trained_steps
     return {
         "agent": config.agent, "env": config.env, "network": config.network, "use_lstm": config.use_lstm,
         "preset": config.preset, "batch_size": config.batch_size, "unroll_length": config.unroll_length,
-        "burn_in": config.burn_in, "torch_threads": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
+        "burn_in": config.burn_in, "replay_ratio": config.replay_ratio if agent.uses_replay else None,
+        "torch_threads": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
         "torch": torch.__version__, "repeats": repeats,
         "inference_ms": {str(k): round(v, 3) for k, v in inference_ms.items()},
         "train_step_ms": round(train_ms, 2),
