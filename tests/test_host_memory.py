@@ -1,4 +1,5 @@
-"""seed.host_memory: a process that keeps freed memory reuses it instead of page-faulting fresh pages per step."""
+"""A CPU learner's process settings: freed host memory kept for reuse (seed.host_memory) and OpenMP threads that sleep
+when idle (seed-learner)."""
 
 import json
 import subprocess
@@ -44,3 +45,28 @@ def test_large_tensors_are_reused_instead_of_faulted_in_every_step():
 
 def test_keep_freed_memory_says_whether_it_took_effect():
     assert isinstance(keep_freed_memory(), bool)
+
+
+# seed-learner's OpenMP setting: it must be in the environment before torch (and with it libgomp) loads.
+LEARNER_OMP_PROBE = """
+import os, sys
+os.environ.pop("OMP_WAIT_POLICY", None)
+if len(sys.argv) > 2:
+    os.environ["OMP_WAIT_POLICY"] = sys.argv[2]
+from seed import learner_main
+assert "torch" not in sys.modules, "importing seed.learner_main loaded torch before run() could set OMP_WAIT_POLICY"
+sys.argv = ["seed-learner", "--print_config", "--logdir=" + sys.argv[1]]
+try:
+    learner_main.run()
+except SystemExit:
+    pass
+print("OMP_WAIT_POLICY=" + os.environ["OMP_WAIT_POLICY"])
+"""
+
+
+@pytest.mark.parametrize("given,expected", [(None, "PASSIVE"), ("ACTIVE", "ACTIVE")])
+def test_the_learner_sets_passive_openmp_threads_before_torch_loads_unless_told_otherwise(tmp_path, given, expected):
+    args = [sys.executable, "-c", LEARNER_OMP_PROBE, str(tmp_path / "run")] + ([given] if given else [])
+    out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip().splitlines()[-1] == f"OMP_WAIT_POLICY={expected}"
