@@ -167,8 +167,8 @@ def main(argv: list[str]) -> None:
 # each run torch ops on their own OpenMP team, beside the actors on the same cores; spinning teams take the cores
 # from each other. Measured on 2 cores (`--preset=pong_r2d2`, two 60 s rounds): 1.02-1.07 training steps/s and
 # 2,957-3,120 FPS with libgomp's default, 1.22-1.30 and 3,602-3,789 with PASSIVE; V-trace Pong unchanged
-# (docs/ARCHITECTURE.md). libgomp reads the
-# variable when torch loads, so it is set here, before anything imports torch; the environment's value wins.
+# (docs/ARCHITECTURE.md). libgomp reads the variable when torch loads, so it is set here, before anything imports
+# torch; the environment's value wins.
 OMP_WAIT_POLICY_DEFAULT = "PASSIVE"
 
 

@@ -122,12 +122,13 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
     largest = max(inference_batch_sizes)
     trained_steps = config.batch_size * config.unroll_length
     # A replay agent trains each inserted sequence (unroll_length new agent steps) replay_ratio times on average.
-    updates_per_trained_step = config.replay_ratio if agent.uses_replay else 1.0
-    per_step = inference_ms[largest] / largest + updates_per_trained_step * train_ms / trained_steps
+    replay_ratio = config.replay_ratio if agent.uses_replay else None
+    times_trained = replay_ratio or 1.0
+    per_step = inference_ms[largest] / largest + times_trained * train_ms / trained_steps
     return {
         "agent": config.agent, "env": config.env, "network": config.network, "use_lstm": config.use_lstm,
         "preset": config.preset, "batch_size": config.batch_size, "unroll_length": config.unroll_length,
-        "burn_in": config.burn_in, "replay_ratio": config.replay_ratio if agent.uses_replay else None,
+        "burn_in": config.burn_in, "replay_ratio": replay_ratio,
         "torch_threads": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
         "torch": torch.__version__, "repeats": repeats,
         "inference_ms": {str(k): round(v, 3) for k, v in inference_ms.items()},
