@@ -110,7 +110,9 @@ class ShmLink:
         except BaseException:
             cls._discard(sock, fds)
             raise
-        link._drain_wakeups()
+        # Wake-ups already in the index's eventfd are left there: a live older run of this index may be waiting
+        # for one of them (it holds the slot until its reply; draining here stole it and deadlocked both runs).
+        # A wake-up that answers nothing of ours costs one more look at `reply_seq` in `_await_reply`.
         return link
 
     @staticmethod
@@ -196,11 +198,6 @@ class ShmLink:
             raise ShmUnavailable("the learner closed the shm connection (serving process or learner gone)")
         reply = shm_protocol.read_json(payload, "learner message")
         raise ShmRejected(str(reply.get("code", "UNKNOWN")), str(reply.get("details", "")))
-
-    def _drain_wakeups(self) -> None:
-        """Drops wake-ups left in the index's eventfd by earlier runs (each reply is checked by sequence anyway)."""
-        while select.select([self._reply_fd], [], [], 0)[0]:
-            os.eventfd_read(self._reply_fd)
 
     def _superseded(self) -> str:
         return (f"actor_index {self.actor}: superseded by a newer actor run (run "

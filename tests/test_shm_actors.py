@@ -131,6 +131,34 @@ def test_stale_and_superseded_requests_on_the_shm_path(processes, tmp_path):
         link.close()
 
 
+def test_a_newer_run_connecting_leaves_the_older_runs_reply_wakeup_alone(processes, tmp_path):
+    """Both runs of an index share its reply eventfd. A newer run that handshakes between inference answering the
+    older run's request and the older run reading the wake-up must not consume that wake-up: the older run holds
+    the slot until it reads its reply, so both runs would wait forever (seen in CI as a superseded actor that
+    never exited)."""
+    _, _, path = _start_learner(processes, tmp_path)
+    first = _link(path, 0, run_id=11)
+    first.step(*_step())
+    first.slab.lock_slot(0)
+    try:
+        seq = first.slab.write_request(0, first.run_id, *_step())
+        notify.send_request(first._request_fd, 0, seq)
+        wait_for(lambda: first.slab.answered(0, seq), 30, "inference to answer the older run's request")
+        second = _link(path, 0, run_id=22)  # handshakes while the older run has not read its wake-up yet
+        outcome = []
+        waiter = threading.Thread(target=lambda: outcome.append(first._await_reply(seq)), daemon=True)
+        waiter.start()
+        waiter.join(10)
+        assert not waiter.is_alive(), "the older run never saw the wake-up of its answered request"
+    finally:
+        first.slab.unlock_slot(0)
+    with pytest.raises(ShmSuperseded):
+        first.step(*_step())  # and its next step learns it was superseded (it exits rather than reconnecting)
+    second.step(*_step())
+    for link in (first, second):
+        link.close()
+
+
 def _thread_states(pid: int) -> list[str]:
     """The scheduler state letter of each thread of `pid` (/proc/<pid>/task/*/stat; 'T' = stopped)."""
     states = []
