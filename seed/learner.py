@@ -40,6 +40,7 @@ from seed.experience import FifoExperience, ReplayExperience, SinkThread
 from seed.host_memory import keep_freed_memory
 from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
+from seed.optimizer_stats import adam_step_fraction
 from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
 from seed.serving.notify import RequestBatcher, send_replies
 from seed.serving.process import ServingProcess
@@ -48,6 +49,8 @@ from seed.supervisor import SupervisedThread, ThreadDied, Watchdog, sink_fault_f
 from seed.sync_gate import RolloutGate
 from seed.transport import TransportSecurity, listen_addresses
 from seed.unroll import Unroll
+
+_OPTIMIZER_STATS_EVERY = 50  # train steps between samples of optimizer/adam_step_fraction
 
 log = logging.getLogger(__name__)
 
@@ -277,6 +280,10 @@ class Learner:
             self.optimizer.step()
             priorities = out.priorities
         values["policy_lag_updates"] = lag
+        if self.metrics.train_steps % _OPTIMIZER_STATS_EVERY == 0:  # a pass over every weight's state: sample it
+            fraction = adam_step_fraction(self.optimizer)
+            if fraction is not None:
+                values["optimizer/adam_step_fraction"] = fraction
         publish_start = time.perf_counter()
         parameters = self.agent.network.state_dict()
         for inference in self.inferences:

@@ -89,6 +89,9 @@ def test_training_step_updates_priorities_and_target_copy(tmp_path):
         serve_steps(learner.inference, [_request(0, g), _request(1, g)])
     replay = learner.experience.replay
     assert learner.train_step()
+    # The first step samples how far Adam moves the weights (seed/optimizer_stats.py): a fraction of lr.
+    fraction = learner.metrics.snapshot(1.0, {"window_s": 1.0})["optimizer/adam_step_fraction"]
+    assert 0.0 < fraction < 1.0
     online = learner.agent.network.state_dict()
     target = learner.agent.target_network.state_dict()
     assert any(not torch.equal(online[k], target[k]) for k in online)
