@@ -145,8 +145,7 @@ def test_a_newer_run_connecting_leaves_the_older_runs_reply_wakeup_alone(process
         notify.send_request(first._request_fd, 0, seq)
         wait_for(lambda: first.slab.answered(0, seq), 30, "inference to answer the older run's request")
         second = _link(path, 0, run_id=22)  # handshakes while the older run has not read its wake-up yet
-        outcome = []
-        waiter = threading.Thread(target=lambda: outcome.append(first._await_reply(seq)), daemon=True)
+        waiter = threading.Thread(target=first._await_reply, args=(seq,), daemon=True)
         waiter.start()
         waiter.join(10)
         assert not waiter.is_alive(), "the older run never saw the wake-up of its answered request"
