@@ -10,6 +10,9 @@ Processes and threads:
   main thread           training loop: loss, optimizer step, publish parameters, metrics, checkpoints;
                         restarts the serving process if it dies; ends the learner if a helper thread dies
                         (seed/supervisor.py).
+With --training_process the optimizer steps run in a spawned process instead (seed/training_process.py): a
+feeder thread hands it the prefetched batches, and the main thread publishes the parameters and records the
+metrics of each update it reports, checkpoints, and ends the learner if that process dies.
 """
 
 from __future__ import annotations
@@ -40,17 +43,15 @@ from seed.experience import FifoExperience, ReplayExperience, SinkThread
 from seed.host_memory import keep_freed_memory
 from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
-from seed.optimizer_stats import adam_step_fraction
 from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
 from seed.serving.notify import RequestBatcher, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
 from seed.supervisor import SupervisedThread, ThreadDied, Watchdog, sink_fault_from_environment
 from seed.sync_gate import RolloutGate
+from seed.training import train_on_batch
+from seed.training_process import TrainingProcess, make_optimizer
 from seed.transport import TransportSecurity, listen_addresses
-from seed.unroll import Unroll
-
-_OPTIMIZER_STATS_EVERY = 50  # train steps between samples of optimizer/adam_step_fraction
 
 log = logging.getLogger(__name__)
 
@@ -79,9 +80,7 @@ class Learner:
 
         self.agent = agent_module(config.agent).Agent(self.spec, config)
         self.agent.to(self.training_device)
-        # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
-        self.optimizer = torch.optim.Adam(self.agent.network.parameters(), lr=config.learning_rate,
-                                          eps=config.adam_epsilon, betas=(config.adam_beta1, 0.999), foreach=True)
+        self.optimizer = make_optimizer(self.agent, config)
         with open(os.path.join(config.logdir, "config.json"), "w") as f:  # what seed-report --curves groups by
             json.dump(dataclasses.asdict(config), f, indent=1, sort_keys=True)
         found = checkpoint.latest(config.logdir)
@@ -101,6 +100,10 @@ class Learner:
             self.experience.restore(config.logdir)
         # Evaluation envs are never trained on: the FIFO queue and the replay both drop their unrolls.
         self.sink = SinkThread(sink_fault_from_environment(self.experience.sink), self.stop_event)
+        self.training_process = (
+            TrainingProcess(config, self.spec, self.agent, self.optimizer, self.metrics.train_steps,
+                            self.experience.next_batch, self.stop_event)
+            if config.training_process else None)
         # The step slab is shared with the serving process; one request pipe per inference device carries
         # "actor a's slot is ready", one reply pipe carries "actor a's reply is ready".
         # One slot per actor stream (--env_groups: one per group of each actor) of envs_per_stream rows.
@@ -143,6 +146,8 @@ class Learner:
         # A helper thread that dies ends the learner (run's loop polls this) instead of freezing it.
         self.watchdog = Watchdog(self.stop_event)
         self.watchdog.watch(*self._inference_threads, self.sink.thread, *self.experience.threads())
+        if self.training_process is not None:
+            self.watchdog.watch(self.training_process.feeder)
         # Football's shaped rewards differ from its score (goals): show both.
         self.writer = MetricsWriter(config.logdir, show_raw_return=self.spec.name.startswith("football:"))
         self.reference_scores = self._atari_reference_scores()
@@ -162,8 +167,10 @@ class Learner:
         if not getattr(self.agent, "uses_replay", False):
             # HTS: a batch is every env's unroll of one rollout, arriving at once; ordered by env id it is the
             # same batch whatever the arrival order (--deterministic needs that).
+            # A training process takes its batches from shared memory on the host and moves them itself.
+            device = torch.device("cpu") if config.training_process else self.training_device
             return FifoExperience(config.queue_capacity or config.batch_size, config.batch_size,
-                                  self.training_device, self.stop_event, self.is_eval_env,
+                                  device, self.stop_event, self.is_eval_env,
                                   sort_by_env=config.sync == "hts")
         # Refuse at start what the first insert would fail to allocate.
         check_fits_in_memory(config.replay_capacity, self.agent.replay_sequence_bytes(), available_memory_bytes())
@@ -241,9 +248,14 @@ class Learner:
 
     def checkpoint(self, with_experience: bool = True) -> None:
         """Writes the next rotated checkpoint (seed/checkpoint.py) and, if `with_experience`, the replay."""
+        if self.training_process is not None:  # its state as of its last update that we recorded
+            agent_state, optimizer_state = self.training_process.state(self._record_updates)
+            self.agent.load_state_dict(agent_state)
+        else:
+            agent_state, optimizer_state = self.agent.state_dict(), self.optimizer.state_dict()
         state = {
-            "agent": self.agent.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
+            "agent": agent_state,
+            "optimizer": optimizer_state,
             "counters": {"env_frames": self.metrics.env_frames, "train_steps": self.metrics.train_steps,
                          "episodes": self.metrics.episodes, "eval_returns": list(self.metrics.eval_returns),
                          "eval_episodes": self.metrics.eval_episodes,
@@ -261,38 +273,43 @@ class Learner:
         batch = self.experience.next_batch(0.2)
         if batch is None:
             return False
-        lag = policy_lag(batch.unrolls, self.metrics.train_steps)
-        if self.config.max_policy_lag and lag > self.config.max_policy_lag:
+        result = train_on_batch(self.agent, self.optimizer, batch, self.config, self.metrics.train_steps)
+        if not result.trained:  # --max_policy_lag
             self.dropped_lagging_batches += 1
             return True
-        priorities = None
-        if hasattr(self.agent, "train_rollout"):  # PPO: its own epochs x minibatches of optimizer steps
-            values = self.agent.train_rollout(batch, self.optimizer, self.config.grad_clip_norm,
-                                              self.metrics.train_steps)
-        else:
-            out = self.agent.loss(batch)
-            self.optimizer.zero_grad(set_to_none=True)
-            out.loss.backward()
-            values = dict(out.metrics)
-            if self.config.grad_clip_norm > 0:
-                values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(
-                    self.agent.network.parameters(), self.config.grad_clip_norm))
-            self.optimizer.step()
-            priorities = out.priorities
-        values["policy_lag_updates"] = lag
-        if self.metrics.train_steps % _OPTIMIZER_STATS_EVERY == 0:  # a pass over every weight's state: sample it
-            fraction = adam_step_fraction(self.optimizer)
-            if fraction is not None:
-                values["optimizer/adam_step_fraction"] = fraction
+        values = result.values
         publish_start = time.perf_counter()
         parameters = self.agent.network.state_dict()
         for inference in self.inferences:
             inference.publish(parameters, version=self.metrics.train_steps + 1)
         values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
-        self.experience.after_step(batch, priorities)
+        self.experience.after_step(batch, result.priorities)
         self.metrics.record_train_step(values)
         self.agent.after_update(self.metrics.train_steps)
         return True
+
+    def collect_updates(self, timeout_s: float) -> bool:
+        """--training_process: records the updates the training process reported (waiting up to `timeout_s`
+        for one) and publishes the newest parameters to inference; whether there were any."""
+        updates = self.training_process.receive(timeout_s)
+        self._record_updates(updates)
+        self.dropped_lagging_batches = self.training_process.dropped_batches
+        return bool(updates)
+
+    def _record_updates(self, updates: list[tuple[int, dict[str, float]]]) -> None:
+        if not updates:
+            return
+        for _, values in updates:
+            self.metrics.record_train_step(values)
+        version = updates[-1][0]
+        if version != self.metrics.train_steps:
+            raise RuntimeError(f"training process update: got version {version}, expected {self.metrics.train_steps}"
+                               " (the learner's count of updates)")
+        start = time.perf_counter()
+        with self.training_process.lock:
+            for inference in self.inferences:
+                inference.publish(self.training_process.parameters, version=version)
+        self.metrics.record_value("training_process/publish_to_inference_ms", (time.perf_counter() - start) * 1e3)
 
     def run(self) -> dict[str, Any]:
         """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary."""
@@ -301,10 +318,14 @@ class Learner:
             thread.start()
         self.sink.start()
         self.experience.start()
+        if self.training_process is not None:
+            self.training_process.start()
         try:
             self.bound_addresses = self.serving.start()
         except RuntimeError:
             self.stop_event.set()
+            if self.training_process is not None:
+                self.training_process.stop()
             self._close()
             raise
         print(f"[learner] agent={config.agent} env={config.env} listening on {', '.join(self.bound_addresses)} "
@@ -322,7 +343,10 @@ class Learner:
         try:
             while (not self.stop_event.is_set() and self.metrics.env_frames < config.total_environment_frames
                    and not (config.max_train_steps and self.metrics.train_steps >= config.max_train_steps)):
-                self.train_step()
+                if self.training_process is None:
+                    self.train_step()
+                else:
+                    self.collect_updates(0.2)
                 failure = self.watchdog.check()
                 if failure is not None:
                     print(f"[learner] {failure.describe()}\n[learner] stopping: a helper thread died", file=sys.stderr,
@@ -343,6 +367,8 @@ class Learner:
                 # The network and optimizer belong to this thread and are whole; the replay may hold a half-written
                 # slot if the sink died inside an insert.
                 self.checkpoint(with_experience=failure is None or failure.thread != self.sink.thread.name)
+            if self.training_process is not None:
+                self.training_process.stop()
             self._close()
             logger.finish()
             self.writer.close()
@@ -435,18 +461,6 @@ class _PeriodicLogger:
         unlogged = self.learner.metrics.train_steps != self.last_train_steps
         if self.thread.failure is None and (unlogged or time.monotonic() - self.last_time > 0.5):
             self.write()
-
-
-def policy_lag(unrolls: Unroll, train_steps: int) -> int:
-    """Updates between the oldest parameters that chose a trained action of the batch (step field
-    `policy_version`, steps [:-1] that are valid) and the parameters about to be trained (`train_steps`)."""
-    if "policy_version" not in unrolls.steps:  # a replay restored from before the field existed
-        return 0
-    versions = unrolls.policy_version[:-1]
-    valid = unrolls.valid[:-1]
-    if not bool(valid.any()):
-        return 0
-    return train_steps - int(versions[valid].min())
 
 
 def seed_everything(seed: int) -> None:

@@ -99,6 +99,13 @@ def validate(config: LearnerConfig) -> None:
     if config.sync == "hts" and not getattr(agent_module(config.agent), "SUPPORTS_SYNC", False):
         raise ValueError(f"--sync=hts: not supported by --agent={config.agent} (it has no synchronous mode); "
                          "expected --sync=async with it, or --agent=ppo")
+    if config.training_process and agent_module(config.agent).Agent.uses_replay:
+        raise ValueError(f"--training_process: got true with --agent={config.agent}, expected false: the replay "
+                         "and its priority updates live in the learner process (a FIFO agent, vtrace or ppo, can "
+                         "train in its own process)")
+    if config.training_process and config.deterministic:
+        raise ValueError("--training_process: got true with --deterministic, expected false: a bit-identical run "
+                         "trains in the learner process")
     inference_devices = [d.strip() for d in config.inference_devices.split(",") if d.strip()]
     if config.deterministic:
         refusals = [

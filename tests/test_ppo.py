@@ -9,9 +9,9 @@ from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
 from seed.agents.ppo.agent import Agent
 from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
 from seed.envs import make_spec
-from seed.learner import policy_lag
 from seed.learner_main import resolve_config
 from seed.sync_gate import RolloutGate
+from seed.training import policy_lag
 from seed.unroll import TrainingBatch, Unroll
 
 

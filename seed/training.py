@@ -1,0 +1,73 @@
+"""One learner update on one batch: the arithmetic the training thread (or --training_process) runs.
+
+Both places that train call `train_on_batch`, so a step means the same thing wherever it runs: the policy-lag
+check, the agent's loss (or PPO's own epochs of minibatches), gradient clipping, the optimizer step and the
+values logged for it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from seed.config import LearnerConfig
+from seed.optimizer_stats import adam_step_fraction
+from seed.unroll import TrainingBatch, Unroll
+
+OPTIMIZER_STATS_EVERY = 50  # train steps between samples of optimizer/adam_step_fraction
+
+
+@dataclasses.dataclass
+class StepResult:
+    """What one call of `train_on_batch` did.
+
+    Attributes:
+      trained: False if the batch was dropped (--max_policy_lag) and the network is unchanged.
+      values: metrics of the update (losses, gradient_norm, policy_lag_updates, ...); empty if dropped.
+      priorities: float [B] new replay priorities (R2D2), else None.
+    """
+
+    trained: bool
+    values: dict[str, float]
+    priorities: torch.Tensor | None = None
+
+
+def train_on_batch(agent: Any, optimizer: torch.optim.Optimizer, batch: TrainingBatch, config: LearnerConfig,
+                   train_steps: int) -> StepResult:
+    """One update of `agent.network` on `batch`; `train_steps`: updates made before this one."""
+    lag = policy_lag(batch.unrolls, train_steps)
+    if config.max_policy_lag and lag > config.max_policy_lag:
+        return StepResult(False, {})
+    priorities = None
+    if hasattr(agent, "train_rollout"):  # PPO: its own epochs x minibatches of optimizer steps
+        values = agent.train_rollout(batch, optimizer, config.grad_clip_norm, train_steps)
+    else:
+        out = agent.loss(batch)
+        optimizer.zero_grad(set_to_none=True)
+        out.loss.backward()
+        values = dict(out.metrics)
+        if config.grad_clip_norm > 0:
+            values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.network.parameters(),
+                                                                           config.grad_clip_norm))
+        optimizer.step()
+        priorities = out.priorities
+    values["policy_lag_updates"] = lag
+    if train_steps % OPTIMIZER_STATS_EVERY == 0:  # a pass over every weight's state: sample it
+        fraction = adam_step_fraction(optimizer)
+        if fraction is not None:
+            values["optimizer/adam_step_fraction"] = fraction
+    return StepResult(True, values, priorities)
+
+
+def policy_lag(unrolls: Unroll, train_steps: int) -> int:
+    """Updates between the oldest parameters that chose a trained action of the batch (step field
+    `policy_version`, steps [:-1] that are valid) and the parameters about to be trained (`train_steps`)."""
+    if "policy_version" not in unrolls.steps:  # a replay restored from before the field existed
+        return 0
+    versions = unrolls.policy_version[:-1]
+    valid = unrolls.valid[:-1]
+    if not bool(valid.any()):
+        return 0
+    return train_steps - int(versions[valid].min())

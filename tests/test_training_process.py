@@ -1,0 +1,151 @@
+"""--training_process: the optimizer steps in a spawned process, with batches and parameters in shared memory.
+
+Real learner, real training process, real actor processes over the real transports."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import psutil
+import pytest
+import torch
+
+from seed import checkpoint
+from seed.unroll import Unroll
+from tests.conftest import assert_optimizer_continued, read_metrics, wait_for
+
+
+def _config(tmp_path, **overrides):
+    from seed.learner_main import resolve_config
+
+    values = dict(env="fake:vector", logdir=str(tmp_path / "run"), server_address=f"unix:{tmp_path}/s", num_actors=1,
+                  envs_per_actor=4, batch_size=4, unroll_length=5, torch_threads=1, log_interval_s=0.5,
+                  fake_episode_length=20, training_process=True)
+    values.update(overrides)
+    return resolve_config(values)
+
+
+def _run_in_thread(learner) -> tuple[threading.Thread, list[BaseException]]:
+    raised: list[BaseException] = []
+
+    def run():
+        try:
+            learner.run()
+        except BaseException as error:  # noqa: BLE001 - inspected by the test
+            raised.append(error)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    return runner, raised
+
+
+def _actor(processes, address, **overrides):
+    args = dict(env="fake:vector", server_address=address, actor_index=0, envs_per_actor=4, fake_episode_length=20)
+    args.update(overrides)
+    return processes.actor([f"--{k}={v}" for k, v in args.items()], "actor0")
+
+
+@pytest.mark.parametrize("transport", ["shm", "grpc"])
+def test_training_process_makes_exactly_max_train_steps_updates_and_inference_serves_them(processes, tmp_path,
+                                                                                         transport):
+    from seed.learner import Learner
+
+    learner = Learner(_config(tmp_path, max_train_steps=25, shm_actors=transport == "shm"))
+    initial = {k: v.clone() for k, v in learner.inference.network.state_dict().items()}
+    runner, raised = _run_in_thread(learner)
+    _actor(processes, f"unix:{tmp_path}/s")
+    runner.join(120)
+    if runner.is_alive():
+        learner.request_stop()
+        runner.join(30)
+        pytest.fail("the learner did not stop at --max_train_steps")
+    assert not raised, raised
+    assert learner.metrics.train_steps == 25
+    assert not learner.training_process.alive()
+    _, saved = checkpoint.latest(learner.config.logdir)
+    assert saved["counters"]["train_steps"] == 25
+    assert_optimizer_continued(learner.config.logdir)  # Adam's step count (from the child) == 25
+    trained = saved["agent"]["network"]
+    assert any(not torch.equal(trained[k], initial[k]) for k in initial), "the checkpoint holds untrained weights"
+    # Inference applied the last update's parameters, and they are the checkpoint's.
+    learner.inference.parameters.refresh()
+    assert learner.inference.parameters.applied == 25
+    served = learner.inference.network.state_dict()
+    for name, tensor in trained.items():
+        assert torch.equal(served[name], tensor), name
+    rows = read_metrics(learner.config.logdir)
+    assert rows[-1]["train_steps"] == 25
+    assert any(r.get("training_process/step_ms") for r in rows), rows[-1]
+    assert any(r.get("losses/total") is not None for r in rows)
+
+
+def test_a_killed_training_process_ends_the_learner_loudly(processes, tmp_path):
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    learner = processes.learner([f"--logdir={logdir}", f"--server_address={address}", "--env=fake:vector",
+                                 "--num_actors=1", "--envs_per_actor=4", "--batch_size=4", "--unroll_length=5",
+                                 "--log_interval_s=0.5", "--torch_threads=1", "--fake_episode_length=20",
+                                 "--checkpoint_interval_s=3600", "--training_process"])
+    _actor(processes, address)
+    wait_for(lambda: read_metrics(logdir) and read_metrics(logdir)[-1]["train_steps"] >= 5, 90, "5 updates",
+             on_timeout=lambda: processes.output(learner))
+    children = [c for c in psutil.Process(learner.pid).children()
+                if any("spawn_main" in part for part in c.cmdline())]
+    assert len(children) == 1, [c.cmdline() for c in psutil.Process(learner.pid).children()]
+    os.kill(children[0].pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = learner.wait(timeout=30)
+    assert time.monotonic() - killed_at < 15
+    output = processes.output(learner)
+    assert code != 0, output
+    assert "TrainingProcessDied: training process exited with code -9" in output, output
+
+
+def test_learner_restarted_with_a_training_process_resumes_its_optimizer(processes, tmp_path):
+    from seed.learner import Learner
+
+    first = Learner(_config(tmp_path, max_train_steps=10))
+    runner, raised = _run_in_thread(first)
+    actor = _actor(processes, f"unix:{tmp_path}/s")
+    runner.join(120)
+    assert not runner.is_alive() and not raised, raised
+    second = Learner(_config(tmp_path, max_train_steps=20))
+    assert second.metrics.train_steps == 10
+    runner, raised = _run_in_thread(second)
+    runner.join(120)  # the same actor reconnects by itself
+    assert not runner.is_alive() and not raised, raised
+    assert second.metrics.train_steps == 20
+    assert_optimizer_continued(second.config.logdir)  # Adam's step 20: the child resumed the first one's state
+    assert actor.poll() is None
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(agent="r2d2"), "--training_process: got true with --agent=r2d2, expected false"),
+    (dict(agent="ppo", sync="hts", sync_every=5, deterministic=True),
+     "--training_process: got true with --deterministic, expected false"),
+])
+def test_training_process_refuses_what_it_cannot_run(tmp_path, overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _config(tmp_path, **overrides)
+
+
+def test_a_batch_unlike_the_first_is_refused_naming_the_field():
+    from seed.training_process import _copy_into
+
+    def batch(length, extra=()):
+        steps = {"reward": torch.zeros(length, 2), "done": torch.zeros(length, 2, dtype=torch.bool)}
+        steps.update({name: torch.zeros(length, 2) for name in extra})
+        return Unroll(steps, {}, torch.arange(2))
+
+    slot = batch(6)
+    source = batch(6)
+    source.steps["reward"] += 1.5
+    _copy_into(slot, source)
+    assert torch.equal(slot.steps["reward"], source.steps["reward"])
+    with pytest.raises(ValueError, match=r"training batch steps.reward: got shape \(7, 2\), expected \(6, 2\)"):
+        _copy_into(slot, batch(7))
+    with pytest.raises(ValueError, match=r"training batch steps: got fields \['done', 'q', 'reward'\]"):
+        _copy_into(slot, batch(6, extra=("q",)))
