@@ -117,10 +117,12 @@ class LearnerConfig(EnvOptions, TransportOptions):
     keep_checkpoints: int = _field(3, "Checkpoint files kept in the logdir (checkpoint-<n>.pt, newest last); a resume "
                                       "falls back to the previous one if the newest does not load.")
     torch_threads: int = _field(0, "torch intra-op threads in the learner; 0 = number of CPU cores.")
-    training_process: bool = _field(False, "Run the optimizer steps in a process of their own (batches and "
-                                           "parameters through shared memory, seed/training_process.py), so "
-                                           "training never holds the GIL the inference thread needs. FIFO agents "
-                                           "(vtrace, ppo) only.")
+    training_process: bool = _field(True, "Run the optimizer steps in a process of their own (batches and "
+                                          "parameters through shared memory, seed/training_process.py), so "
+                                          "training never holds the GIL the inference thread needs. Unless set "
+                                          "explicitly: on for vtrace and ppo training on the CPU; R2D2 (its replay), "
+                                          "--deterministic and a CUDA --training_device train in the learner "
+                                          "process.")
     keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
                                            "reuse instead of mmap/munmap per training step (seed/host_memory.py).")
     # Network.
