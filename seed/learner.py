@@ -248,9 +248,12 @@ class Learner:
 
     def checkpoint(self, with_experience: bool = True) -> None:
         """Writes the next rotated checkpoint (seed/checkpoint.py) and, if `with_experience`, the replay."""
-        if self.training_process is not None:  # its state as of its last update that we recorded
+        if self.training_process is not None and self.training_process.needs_asking():
+            # Its state as of the last update recorded here; kept in this process too, for a checkpoint after it
+            # stopped (a learner used as a library).
             agent_state, optimizer_state = self.training_process.state(self._record_updates)
             self.agent.load_state_dict(agent_state)
+            self.optimizer.load_state_dict(optimizer_state)
         else:
             agent_state, optimizer_state = self.agent.state_dict(), self.optimizer.state_dict()
         state = {
@@ -360,18 +363,21 @@ class Learner:
             training_failed = False
         finally:
             self.stop_event.set()  # also unblocks threads waiting on a dead one (inference in the sink's put)
-            self.serving.stop()
-            for thread in self._inference_threads:
-                thread.join(timeout=10)
-            if not training_failed:
-                # The network and optimizer belong to this thread and are whole; the replay may hold a half-written
-                # slot if the sink died inside an insert.
-                self.checkpoint(with_experience=failure is None or failure.thread != self.sink.thread.name)
-            if self.training_process is not None:
-                self.training_process.stop()
-            self._close()
-            logger.finish()
-            self.writer.close()
+            try:
+                self.serving.stop()
+                for thread in self._inference_threads:
+                    thread.join(timeout=10)
+                if not training_failed:
+                    # The network and optimizer are whole (this thread's, or the training process's, which
+                    # finishes its update first); the replay may hold a half-written slot if the sink died inside
+                    # an insert.
+                    self.checkpoint(with_experience=failure is None or failure.thread != self.sink.thread.name)
+            finally:
+                if self.training_process is not None:  # even if the checkpoint failed: it ignores SIGTERM
+                    self.training_process.stop()
+                self._close()
+                logger.finish()
+                self.writer.close()
         if failure is not None:
             raise ThreadDied(failure)
         wall = time.monotonic() - start

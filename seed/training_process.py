@@ -144,6 +144,7 @@ class TrainingProcess:
         self._send_lock = threading.Lock()  # the feeder and the main thread both send commands
         self._states: list[tuple[dict, dict]] = []
         self.dropped_batches = 0
+        self._stopped = False
         # --max_train_steps: the feeder hands over no more batches than updates are left, so the last
         # checkpoint is exactly that update's parameters (a batch dropped for its lag frees its place).
         self._batches_left = config.max_train_steps - train_steps if config.max_train_steps else None
@@ -159,6 +160,17 @@ class TrainingProcess:
 
     def alive(self) -> bool:
         return self.process.is_alive()
+
+    def needs_asking(self) -> bool:
+        """Whether the current agent and optimizer state are the child's: True while it runs; False before it
+        started and after `stop` (the learner's own copies are current then). Raises TrainingProcessDied if it
+        ended any other way."""
+        if self.process.pid is None or self._stopped:
+            return False
+        if not self.process.is_alive():
+            raise TrainingProcessDied(f"training process exited with code {self.process.exitcode}: its state since "
+                                      "the last checkpoint is lost")
+        return True
 
     def _send(self, message: tuple) -> None:
         with self._send_lock:
@@ -238,6 +250,7 @@ class TrainingProcess:
 
     def stop(self) -> None:
         """Ends the feeder (the learner's stop event is set) and the child (it finishes the update it is in)."""
+        self._stopped = True
         if self.feeder.ident is not None:
             self.feeder.join(timeout=10)
         if self.process.is_alive():
