@@ -55,6 +55,7 @@ def test_smoke_run_writes_every_key_with_positive_rates(smoke_result):
     assert config["cpu_cores"] == os.cpu_count()
     for key in ("network", "devices", "torch", "grpc", "python", "inference_device", "training_device"):
         assert key in config, key
+    assert config["training_process"] is True  # V-trace on the CPU trains in its own process by default
     assert result["baselines"] == {"actor_side": None, "transport": None, "env_only": None}
     assert "| framework |" in stdout
     # Every file of the run is under the --runs_dir given relative to where seed-bench started.

@@ -115,6 +115,7 @@ def describe(setup: BenchSetup) -> dict[str, Any]:
         "action_repeat": spec.action_repeat, "inference_batch_size": c.inference_batch_size,
         "batch_timeout_ms": c.batch_timeout_ms, "batch_size": c.batch_size, "unroll_length": c.unroll_length,
         "inference_device": c.inference_devices or c.inference_device, "training_device": c.training_device,
+        "training_process": c.training_process,
         "devices": {"cpu_cores": os.cpu_count(), "accelerators": accelerators(c)},
         "cpu_cores": os.cpu_count(), "cpu_model": _cpu_model(), "transport": setup.transport,
         "actor_torch_threads": setup.actor_torch_threads, "learner_flags": setup.learner_flags,
