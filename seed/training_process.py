@@ -20,6 +20,7 @@ Only FIFO agents (vtrace, ppo) train this way; R2D2's replay and priority update
 
 from __future__ import annotations
 
+import io
 import os
 import queue
 import signal
@@ -45,12 +46,32 @@ class TrainingProcessDied(RuntimeError):
 
 
 def _copy_parameters(targets: dict[str, torch.Tensor], network: torch.nn.Module) -> None:
+    """The network's state dict (any device) into the shared host copy."""
     with torch.no_grad():
         state = network.state_dict()
-        torch._foreach_copy_([targets[name] for name in targets], [state[name] for name in targets])
+        sources = [state[name] for name in targets]
+        if all(source.device.type == "cpu" for source in sources):
+            torch._foreach_copy_(list(targets.values()), sources)
+        else:
+            for target, source in zip(targets.values(), sources, strict=True):
+                target.copy_(source)
 
 
-def _child_main(config: LearnerConfig, spec: EnvSpec, agent_state: dict, optimizer_state: dict, train_steps: int,
+def to_bytes(agent_state: dict, optimizer_state: dict) -> bytes:
+    """Agent and optimizer state dicts by value: no tensor of the sender's is shared with the receiver (a
+    pickled CPU tensor would be moved to shared memory and keep changing under a checkpoint being written)."""
+    buffer = io.BytesIO()
+    torch.save({"agent": agent_state, "optimizer": optimizer_state}, buffer)
+    return buffer.getvalue()
+
+
+def from_bytes(data: bytes) -> tuple[dict, dict]:
+    """(agent state dict, optimizer state dict) from `to_bytes`, on the CPU."""
+    state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    return state["agent"], state["optimizer"]
+
+
+def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, train_steps: int,
                 parameters: dict[str, torch.Tensor], lock, commands, results) -> None:
     """The training process: trains on each batch slot it is sent and publishes after every update."""
     from seed.agents import agent_module
@@ -63,11 +84,12 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, agent_state: dict, optimiz
         keep_freed_memory()
     torch.manual_seed(config.seed + 1)
     device = torch.device(config.training_device)
+    agent_state, optimizer_state = from_bytes(initial_state)
     agent = agent_module(config.agent).Agent(spec, config)
     agent.load_state_dict(agent_state)
     agent.to(device)
     optimizer = make_optimizer(agent, config)
-    optimizer.load_state_dict(optimizer_state)
+    optimizer.load_state_dict(optimizer_state)  # moves the moments to the parameters' device
     slots: list[Unroll] = []
     while True:
         try:
@@ -94,7 +116,7 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, agent_state: dict, optimiz
             result.values["training_process/step_ms"] = step_ms
             results.send(("step", slot, train_steps, result.values))
         elif kind == "state":
-            results.send(("state", agent.state_dict(), optimizer.state_dict()))
+            results.send(("state", to_bytes(agent.state_dict(), optimizer.state_dict())))
         elif kind == "stop":
             results.send(("stopped",))
             return
@@ -133,8 +155,8 @@ class TrainingProcess:
         self._child_ends = (child_commands, child_results)
         self.process = self._context.Process(
             target=_child_main, name="seed-training",
-            args=(config, spec, agent.state_dict(), optimizer.state_dict(), train_steps, self.parameters, self.lock,
-                  child_commands, child_results),
+            args=(config, spec, to_bytes(agent.state_dict(), optimizer.state_dict()), train_steps, self.parameters,
+                  self.lock, child_commands, child_results),
             daemon=True)
         self._next_batch = next_batch
         self._stop = stop
@@ -232,7 +254,7 @@ class TrainingProcess:
                 self._free.put(message[1])
                 self.dropped_batches += 1
             elif kind == "state":
-                self._states.append((message[1], message[2]))
+                self._states.append(from_bytes(message[1]))
         return updates
 
     def state(self, on_updates: Callable[[list[tuple[int, dict[str, float]]]], None]) -> tuple[dict, dict]:

@@ -53,7 +53,9 @@ def test_training_process_makes_exactly_max_train_steps_updates_and_inference_se
                                                                                          transport):
     from seed.learner import Learner
 
-    learner = Learner(_config(tmp_path, max_train_steps=25, shm_actors=transport == "shm"))
+    # Checkpoints every 0.2 s while the training process goes on updating: each must be one update's state.
+    learner = Learner(_config(tmp_path, max_train_steps=25, shm_actors=transport == "shm", checkpoint_interval_s=0.2,
+                              keep_checkpoints=100))
     initial = {k: v.clone() for k, v in learner.inference.network.state_dict().items()}
     runner, raised = _run_in_thread(learner)
     _actor(processes, f"unix:{tmp_path}/s")
@@ -76,6 +78,12 @@ def test_training_process_makes_exactly_max_train_steps_updates_and_inference_se
     served = learner.inference.network.state_dict()
     for name, tensor in trained.items():
         assert torch.equal(served[name], tensor), name
+    files = sorted(f for f in os.listdir(learner.config.logdir) if f.startswith("checkpoint-"))
+    assert len(files) >= 2, files
+    for name in files:  # Adam's step count is the checkpoint's train_steps in every one, mid-run ones included
+        state = torch.load(os.path.join(learner.config.logdir, name), weights_only=False)
+        steps = {int(moments["step"]) for moments in state["optimizer"]["state"].values()}
+        assert steps <= {state["counters"]["train_steps"]}, (name, steps, state["counters"])
     rows = read_metrics(learner.config.logdir)
     assert rows[-1]["train_steps"] == 25
     assert any(r.get("training_process/step_ms") for r in rows), rows[-1]
