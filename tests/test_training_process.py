@@ -112,6 +112,24 @@ def test_a_killed_training_process_ends_the_learner_loudly(processes, tmp_path):
     assert "TrainingProcessDied: training process exited with code -9" in output, output
 
 
+def test_a_killed_learner_takes_its_training_process_along(processes, tmp_path):
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    learner = processes.learner([f"--logdir={logdir}", f"--server_address={address}", "--env=fake:vector",
+                                 "--num_actors=1", "--envs_per_actor=4", "--batch_size=4", "--unroll_length=5",
+                                 "--log_interval_s=0.5", "--torch_threads=1", "--fake_episode_length=20"])
+    _actor(processes, address)
+    wait_for(lambda: read_metrics(logdir) and read_metrics(logdir)[-1]["train_steps"] >= 3, 90, "3 updates",
+             on_timeout=lambda: processes.output(learner))
+    children = [c for c in psutil.Process(learner.pid).children()
+                if any("spawn_main" in part for part in c.cmdline())]
+    assert len(children) == 1, "--training_process is the default for vtrace on the CPU"
+    learner.kill()
+    learner.wait(timeout=10)
+    gone, alive = psutil.wait_procs(children, timeout=15)  # its command pipe reads end of file
+    assert not alive, [c.pid for c in alive]
+
+
 def test_learner_restarted_with_a_training_process_resumes_its_optimizer(processes, tmp_path):
     from seed.learner import Learner
 
