@@ -41,8 +41,8 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
         config.replay_min_size = max(1, config.replay_capacity // 2)
     _derive_sync(config, explicit)
     if "training_process" not in explicit and "training_process" not in preset_values:
-        # Measured on 2 CPU cores (docs/performance/cpu/training_process/): never slower beyond noise, up to 1.8x where the
-        # training thread's GIL time held inference back; the GPU path keeps the thread it was measured with.
+        # Measured on 2 CPU cores (docs/performance/cpu/training_process/): never slower beyond noise, up to 1.8x
+        # where the training thread's GIL time held inference back; the GPU path keeps the thread it was measured with.
         config.training_process = (not agent_module(config.agent).Agent.uses_replay and not config.deterministic
                                    and config.training_device == "cpu")
     if config.queue_capacity == 0:
