@@ -51,11 +51,22 @@ def _actor(processes, address, **overrides):
 @pytest.mark.parametrize("transport", ["shm", "grpc"])
 def test_training_process_makes_exactly_max_train_steps_updates_and_inference_serves_them(processes, tmp_path,
                                                                                          transport):
+    _check_exact_updates_served_and_checkpointed(processes, tmp_path, shm_actors=transport == "shm")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() is False)")
+def test_training_process_on_a_gpu_makes_exactly_max_train_steps_updates_and_inference_serves_them(processes,
+                                                                                                  tmp_path):
+    _check_exact_updates_served_and_checkpointed(processes, tmp_path, training_process=True,
+                                                 training_device="cuda:0", inference_device="cuda:0")
+
+
+def _check_exact_updates_served_and_checkpointed(processes, tmp_path, **overrides):
     from seed.learner import Learner
 
     # Checkpoints every 0.2 s while the training process goes on updating: each must be one update's state.
-    learner = Learner(_config(tmp_path, max_train_steps=25, shm_actors=transport == "shm", checkpoint_interval_s=0.2,
-                              keep_checkpoints=100))
+    learner = Learner(_config(tmp_path, max_train_steps=25, checkpoint_interval_s=0.2, keep_checkpoints=100,
+                              **overrides))
     initial = {k: v.clone() for k, v in learner.inference.network.state_dict().items()}
     runner, raised = _run_in_thread(learner)
     _actor(processes, f"unix:{tmp_path}/s")
@@ -71,13 +82,13 @@ def test_training_process_makes_exactly_max_train_steps_updates_and_inference_se
     assert saved["counters"]["train_steps"] == 25
     assert_optimizer_continued(learner.config.logdir)  # Adam's step count (from the child) == 25
     trained = saved["agent"]["network"]
-    assert any(not torch.equal(trained[k], initial[k]) for k in initial), "the checkpoint holds untrained weights"
+    assert any(not torch.equal(trained[k].cpu(), initial[k].cpu()) for k in initial), "untrained weights saved"
     # Inference applied the last update's parameters, and they are the checkpoint's.
     learner.inference.parameters.refresh()
     assert learner.inference.parameters.applied == 25
     served = learner.inference.network.state_dict()
     for name, tensor in trained.items():
-        assert torch.equal(served[name], tensor), name
+        assert torch.equal(served[name].cpu(), tensor.cpu()), name
     files = sorted(f for f in os.listdir(learner.config.logdir) if f.startswith("checkpoint-"))
     assert len(files) >= 2, files
     for name in files:  # Adam's step count is the checkpoint's train_steps in every one, mid-run ones included
