@@ -118,7 +118,6 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
         elif kind == "state":
             results.send(("state", to_bytes(agent.state_dict(), optimizer.state_dict())))
         elif kind == "stop":
-            results.send(("stopped",))
             return
         else:
             raise ValueError(f"training process command: got {kind!r}, expected slots, batch, state or stop")
