@@ -16,7 +16,9 @@ import threading
 import torch
 
 
-def _copy(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+def copy_tensors(targets: list[torch.Tensor], sources: list[torch.Tensor]) -> None:
+    """targets[i] <- sources[i]: one multi-tensor copy when each pair shares a device, else tensor by tensor
+    (asynchronous only where the memory allows it: a copy into pageable host memory completes before it returns)."""
     if all(s.device == t.device for s, t in zip(sources, targets, strict=True)):
         torch._foreach_copy_(targets, sources, non_blocking=True)
     else:
@@ -59,7 +61,7 @@ class ParameterPublisher:
         with torch.no_grad(), self._lock:
             if self.cuda and self._consumed is not None:
                 torch.cuda.current_stream(self.targets[0].device).wait_event(self._consumed)
-            _copy(self.staging, [parameters[name] for name in self.names])
+            copy_tensors(self.staging, [parameters[name] for name in self.names])
             if self.cuda:
                 self._staged = torch.cuda.Event()
                 self._staged.record(torch.cuda.current_stream(self.targets[0].device))
@@ -72,7 +74,7 @@ class ParameterPublisher:
         with torch.no_grad(), self._lock:
             if self.cuda:
                 torch.cuda.current_stream(self.targets[0].device).wait_event(self._staged)
-            _copy(self.targets, self.staging)
+            copy_tensors(self.targets, self.staging)
             if self.cuda:
                 self._consumed = torch.cuda.Event()
                 self._consumed.record(torch.cuda.current_stream(self.targets[0].device))

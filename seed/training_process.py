@@ -34,6 +34,7 @@ import torch.multiprocessing as mp
 
 from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
+from seed.parameters import copy_tensors
 from seed.supervisor import SupervisedThread
 from seed.training import train_on_batch
 from seed.unroll import TrainingBatch, Unroll
@@ -49,12 +50,7 @@ def _copy_parameters(targets: dict[str, torch.Tensor], network: torch.nn.Module)
     """The network's state dict (any device) into the shared host copy."""
     with torch.no_grad():
         state = network.state_dict()
-        sources = [state[name] for name in targets]
-        if all(source.device.type == "cpu" for source in sources):
-            torch._foreach_copy_(list(targets.values()), sources)
-        else:
-            for target, source in zip(targets.values(), sources, strict=True):
-                target.copy_(source)
+        copy_tensors(list(targets.values()), [state[name] for name in targets])
 
 
 def to_bytes(agent_state: dict, optimizer_state: dict) -> bytes:
