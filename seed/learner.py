@@ -49,8 +49,8 @@ from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
 from seed.supervisor import SupervisedThread, ThreadDied, Watchdog, sink_fault_from_environment
 from seed.sync_gate import RolloutGate
-from seed.training import train_on_batch
-from seed.training_process import TrainingProcess, make_optimizer
+from seed.training import make_optimizer, train_on_batch
+from seed.training_process import TrainingProcess
 from seed.transport import TransportSecurity, listen_addresses
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""One learner update on one batch: the arithmetic the training thread (or --training_process) runs.
+"""The optimizer and one learner update on one batch: what the training thread (or --training_process) runs.
 
 Both places that train call `train_on_batch`, so a step means the same thing wherever it runs: the policy-lag
 check, the agent's loss (or PPO's own epochs of minibatches), gradient clipping, the optimizer step and the
@@ -32,6 +32,13 @@ class StepResult:
     trained: bool
     values: dict[str, float]
     priorities: torch.Tensor | None = None
+
+
+def make_optimizer(agent: Any, config: LearnerConfig) -> torch.optim.Adam:
+    """The learner's optimizer (the same in the learner process and the training process)."""
+    # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
+    return torch.optim.Adam(agent.network.parameters(), lr=config.learning_rate, eps=config.adam_epsilon,
+                            betas=(config.adam_beta1, 0.999), foreach=True)
 
 
 def train_on_batch(agent: Any, optimizer: torch.optim.Optimizer, batch: TrainingBatch, config: LearnerConfig,

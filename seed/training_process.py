@@ -36,7 +36,7 @@ from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
 from seed.parameters import copy_tensors
 from seed.supervisor import SupervisedThread
-from seed.training import train_on_batch
+from seed.training import make_optimizer, train_on_batch
 from seed.unroll import TrainingBatch, Unroll
 
 _STATE_TIMEOUT_S = 120.0  # longest wait for the child's state dicts (a checkpoint)
@@ -117,13 +117,6 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
             return
         else:
             raise ValueError(f"training process command: got {kind!r}, expected slots, batch, state or stop")
-
-
-def make_optimizer(agent: Any, config: LearnerConfig) -> torch.optim.Adam:
-    """The learner's optimizer (the same in the learner process and the training process)."""
-    # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
-    return torch.optim.Adam(agent.network.parameters(), lr=config.learning_rate, eps=config.adam_epsilon,
-                            betas=(config.adam_beta1, 0.999), foreach=True)
 
 
 class TrainingProcess:
