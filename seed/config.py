@@ -120,9 +120,8 @@ class LearnerConfig(EnvOptions, TransportOptions):
     training_process: bool = _field(True, "Run the optimizer steps in a process of their own (batches and "
                                           "parameters through shared memory, seed/training_process.py), so "
                                           "training never holds the GIL the inference thread needs. Unless set "
-                                          "explicitly: on for vtrace and ppo training on the CPU; R2D2 (its replay), "
-                                          "--deterministic and a CUDA --training_device train in the learner "
-                                          "process.")
+                                          "explicitly: on for training on the CPU; --deterministic and a CUDA "
+                                          "--training_device train in the learner process.")
     keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
                                            "reuse instead of mmap/munmap per training step (seed/host_memory.py).")
     # Network.

@@ -226,8 +226,13 @@ class ReplayExperience:
 
     def after_step(self, batch: TrainingBatch, priorities: torch.Tensor | None) -> None:
         if priorities is not None:
-            self.replay.update_priorities(batch.replay_indices, priorities.detach().cpu().double().numpy(),
-                                          batch.replay_generations)
+            self.update_priorities(batch.replay_indices, batch.replay_generations,
+                                   priorities.detach().cpu().double().numpy())
+
+    def update_priorities(self, indices: np.ndarray, generations: np.ndarray, priorities: np.ndarray) -> None:
+        """The new priorities (float64 [B]) of the sampled sequences at replay slots `indices` [B], sampled at
+        `generations` [B] (--training_process: the training process's result, written by the learner)."""
+        self.replay.update_priorities(indices, priorities, generations)
 
     def stats(self) -> dict[str, Any]:
         return self.replay.stats()

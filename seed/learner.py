@@ -50,7 +50,7 @@ from seed.serving.slab import StepSlab
 from seed.supervisor import SupervisedThread, ThreadDied, Watchdog, sink_fault_from_environment
 from seed.sync_gate import RolloutGate
 from seed.training import make_optimizer, train_on_batch
-from seed.training_process import TrainingProcess
+from seed.training_process import TrainingProcess, TrainingUpdate
 from seed.transport import TransportSecurity, listen_addresses
 
 log = logging.getLogger(__name__)
@@ -177,7 +177,8 @@ class Learner:
         replay = PrioritizedReplay(config.replay_capacity, config.priority_exponent,
                                    config.importance_sampling_exponent, config.replay_min_size, config.replay_ratio,
                                    config.batch_size, seed=config.seed, stop=self.stop_event)
-        return ReplayExperience(replay, self.agent.initial_priorities, self.is_eval_env, self.training_device,
+        device = torch.device("cpu") if config.training_process else self.training_device
+        return ReplayExperience(replay, self.agent.initial_priorities, self.is_eval_env, device,
                                 config.checkpoint_replay)
 
     def _atari_reference_scores(self) -> tuple[float, float] | None:
@@ -299,12 +300,15 @@ class Learner:
         self.dropped_lagging_batches = self.training_process.dropped_batches
         return bool(updates)
 
-    def _record_updates(self, updates: list[tuple[int, dict[str, float]]]) -> None:
+    def _record_updates(self, updates: list[TrainingUpdate]) -> None:
         if not updates:
             return
-        for _, values in updates:
-            self.metrics.record_train_step(values)
-        version = updates[-1][0]
+        for update in updates:
+            self.metrics.record_train_step(update.values)
+            if update.priorities is not None:
+                self.experience.update_priorities(update.replay_indices, update.replay_generations,
+                                                  update.priorities)
+        version = updates[-1].version
         if version != self.metrics.train_steps:
             raise RuntimeError(f"training process update: got version {version}, expected {self.metrics.train_steps}"
                                " (the learner's count of updates)")

@@ -42,9 +42,9 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
     _derive_sync(config, explicit)
     if "training_process" not in explicit and "training_process" not in preset_values:
         # Measured on 2 CPU cores (docs/performance/cpu/training_process/): never slower beyond noise, up to 1.8x
-        # where the training thread's GIL time held inference back; the GPU path keeps the thread it was measured with.
-        config.training_process = (not agent_module(config.agent).Agent.uses_replay and not config.deterministic
-                                   and config.training_device == "cpu")
+        # where the training thread's GIL time held inference back (R2D2's Pong preset: 1.06-1.28x); the GPU path
+        # keeps the thread it was measured with.
+        config.training_process = not config.deterministic and config.training_device == "cpu"
     if config.queue_capacity == 0:
         config.queue_capacity = config.batch_size
     validate(config)
@@ -104,10 +104,6 @@ def validate(config: LearnerConfig) -> None:
     if config.sync == "hts" and not getattr(agent_module(config.agent), "SUPPORTS_SYNC", False):
         raise ValueError(f"--sync=hts: not supported by --agent={config.agent} (it has no synchronous mode); "
                          "expected --sync=async with it, or --agent=ppo")
-    if config.training_process and agent_module(config.agent).Agent.uses_replay:
-        raise ValueError(f"--training_process: got true with --agent={config.agent}, expected false: the replay "
-                         "and its priority updates live in the learner process (a FIFO agent, vtrace or ppo, can "
-                         "train in its own process)")
     if config.training_process and config.deterministic:
         raise ValueError("--training_process: got true with --deterministic, expected false: a bit-identical run "
                          "trains in the learner process")

@@ -159,6 +159,7 @@ class PrioritizedReplay:
         self.inserted = 0
         self.sampled = 0
         self.stale_priority_updates = 0
+        self.priority_updates = 0  # sequences whose priority an update set (stale ones not counted)
         self._lock = threading.Condition()
         self._stop = stop or threading.Event()
 
@@ -240,6 +241,7 @@ class PrioritizedReplay:
         with self._lock:
             current = self._generations[indices] == np.asarray(generations, np.int64)
             self.stale_priority_updates += int((~current).sum())
+            self.priority_updates += int(current.sum())
             self.tree.set(indices[current], np.asarray(priorities, np.float64)[current] ** self.alpha)
 
     def stats(self) -> dict[str, float]:
@@ -253,6 +255,7 @@ class PrioritizedReplay:
                 "replay_sampled": self.sampled,
                 "replay_priority_mean": float(priorities.mean()),
                 "replay_priority_max": float(priorities.max()),
+                "replay_priority_updates": self.priority_updates,
                 "replay_stale_priority_updates": self.stale_priority_updates,
             }
 

@@ -15,11 +15,14 @@ staging (seed/parameters.py) when the update's message arrives. Batch slots are 
 
 The child ends when its command pipe closes (the learner exited, however), and the learner ends loudly when the
 child dies: `receive` raises `TrainingProcessDied` with its exit code, and the child's traceback is on stderr.
-Only FIFO agents (vtrace, ppo) train this way; R2D2's replay and priority updates stay in the learner process.
+R2D2's replay stays in the learner process: the feeder samples it, sends each batch's importance weights with
+its slot, and keeps the slot's replay indices and generations; the child returns the new priorities with the
+update, and the learner's main thread writes them into the replay (`TrainingUpdate`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import queue
@@ -29,6 +32,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
 import torch
 import torch.multiprocessing as mp
 
@@ -40,6 +44,25 @@ from seed.training import make_optimizer, train_on_batch
 from seed.unroll import TrainingBatch, Unroll
 
 _STATE_TIMEOUT_S = 120.0  # longest wait for the child's state dicts (a checkpoint)
+
+
+@dataclasses.dataclass
+class TrainingUpdate:
+    """One update the training process reported.
+
+    Attributes:
+      version: the update's number (train steps made once it is applied).
+      values: its metrics (losses, gradient_norm, publish_ms, ...).
+      priorities: float64 [B] new replay priorities of the batch's sequences (R2D2), else None.
+      replay_indices, replay_generations: the batch's replay slots and their generations when sampled (the
+        priority update skips slots written since), else None.
+    """
+
+    version: int
+    values: dict[str, float]
+    priorities: np.ndarray | None = None
+    replay_indices: object | None = None
+    replay_generations: object | None = None
 
 
 class TrainingProcessDied(RuntimeError):
@@ -96,9 +119,11 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
         if kind == "slots":
             slots = command[1]
         elif kind == "batch":
-            slot = command[1]
+            _, slot, importance_weights = command
             start = time.perf_counter()
-            result = train_on_batch(agent, optimizer, TrainingBatch(slots[slot].to(device)), config, train_steps)
+            weights = None if importance_weights is None else torch.from_numpy(importance_weights).to(device)
+            result = train_on_batch(agent, optimizer, TrainingBatch(slots[slot].to(device), weights), config,
+                                    train_steps)
             if not result.trained:
                 results.send(("dropped", slot))
                 continue
@@ -110,7 +135,9 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
                 _copy_parameters(parameters, agent.network)
             result.values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
             result.values["training_process/step_ms"] = step_ms
-            results.send(("step", slot, train_steps, result.values))
+            priorities = (None if result.priorities is None
+                          else result.priorities.detach().cpu().double().numpy())
+            results.send(("step", slot, train_steps, result.values, priorities))
         elif kind == "state":
             results.send(("state", to_bytes(agent.state_dict(), optimizer.state_dict())))
         elif kind == "stop":
@@ -126,7 +153,8 @@ class TrainingProcess:
       config, spec: the learner's.
       agent, optimizer: the learner's (resumed) agent and optimizer; the child starts from their state.
       train_steps: updates made so far (the child numbers its updates on from here).
-      next_batch: timeout_s -> TrainingBatch or None (the FIFO experience's prefetched batches, on the CPU).
+      next_batch: timeout_s -> TrainingBatch or None on the CPU (the FIFO experience's prefetched batches, or
+        batches sampled from the replay).
       stop: the learner's stop event.
       depth: batch slots: batches the feeder can hand over before the child returns one.
     """
@@ -151,6 +179,7 @@ class TrainingProcess:
         self._depth = depth
         self._slots: list[Unroll] = []
         self._free: queue.Queue[int] = queue.Queue()
+        self._replay_keys: dict[int, tuple[object, object]] = {}  # slot -> its batch's (replay indices, generations)
         self._send_lock = threading.Lock()  # the feeder and the main thread both send commands
         self._states: list[tuple[dict, dict]] = []
         self.dropped_batches = 0
@@ -204,7 +233,9 @@ class TrainingProcess:
             if slot is None:
                 return
             _copy_into(self._slots[slot], batch.unrolls)
-            self._send(("batch", slot))
+            self._replay_keys[slot] = (batch.replay_indices, batch.replay_generations)
+            weights = None if batch.importance_weights is None else batch.importance_weights.cpu().numpy()
+            self._send(("batch", slot, weights))
             self._batches_sent += 1
 
     def _may_send(self) -> bool:
@@ -218,9 +249,9 @@ class TrainingProcess:
                 continue
         return None
 
-    def receive(self, timeout_s: float) -> list[tuple[int, dict[str, float]]]:
-        """Main thread: (version, values) of each update the child finished, waiting up to `timeout_s` for the
-        first; frees their slots. Raises TrainingProcessDied if the child is gone."""
+    def receive(self, timeout_s: float) -> list[TrainingUpdate]:
+        """Main thread: each update the child finished, waiting up to `timeout_s` for the first; frees their
+        slots. Raises TrainingProcessDied if the child is gone."""
         updates = []
         wait = timeout_s
         while True:
@@ -235,17 +266,19 @@ class TrainingProcess:
             wait = 0.0
             kind = message[0]
             if kind == "step":
-                _, slot, version, values = message
+                _, slot, version, values, priorities = message
+                indices, generations = self._replay_keys.pop(slot)  # before the slot is free for the feeder
                 self._free.put(slot)
-                updates.append((version, values))
+                updates.append(TrainingUpdate(version, values, priorities, indices, generations))
             elif kind == "dropped":
+                self._replay_keys.pop(message[1])
                 self._free.put(message[1])
                 self.dropped_batches += 1
             elif kind == "state":
                 self._states.append(from_bytes(message[1]))
         return updates
 
-    def state(self, on_updates: Callable[[list[tuple[int, dict[str, float]]]], None]) -> tuple[dict, dict]:
+    def state(self, on_updates: Callable[[list[TrainingUpdate]], None]) -> tuple[dict, dict]:
         """(agent state dict, optimizer state dict) of the child as of now; updates that arrive meanwhile go to
         `on_updates`, as from `receive`."""
         self._send(("state",))

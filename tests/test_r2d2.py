@@ -20,7 +20,8 @@ from tests.conftest import serve_steps
 def _config(tmp_path, **overrides):
     values = dict(agent="r2d2", env="fake:vector", logdir=str(tmp_path), num_actors=2, envs_per_actor=2,
                   burn_in=3, unroll_length=5, batch_size=4, replay_min_size=4, replay_capacity=64,
-                  torch_threads=1, server_address=f"unix:{tmp_path}/l.sock")
+                  torch_threads=1, server_address=f"unix:{tmp_path}/l.sock",
+                  training_process=False)  # these tests call the learner's own train_step
     values.update(overrides)
     return resolve_config(values)
 

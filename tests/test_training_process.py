@@ -159,8 +159,44 @@ def test_learner_restarted_with_a_training_process_resumes_its_optimizer(process
     assert actor.poll() is None
 
 
+def test_r2d2_trains_in_its_process_and_the_learner_writes_the_priorities(processes, tmp_path):
+    """The feeder samples the replay; the child trains (and copies the target every 4 updates); each update's
+    priorities come back and are written into the learner's replay for the slots sampled."""
+    from seed.learner import Learner
+
+    learner = Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=64, replay_min_size=8,
+                              target_update_interval=4, max_train_steps=12, checkpoint_interval_s=3600))
+    assert learner.training_process is not None
+    runner, raised = _run_in_thread(learner)
+    _actor(processes, f"unix:{tmp_path}/s")
+    runner.join(120)
+    if runner.is_alive():
+        learner.request_stop()
+        runner.join(30)
+        pytest.fail("the learner did not stop at --max_train_steps")
+    assert not raised, raised
+    assert learner.metrics.train_steps == 12
+    stats = learner.experience.replay.stats()
+    # Every sampled sequence of every update got its new priority back (or was overwritten in between).
+    assert stats["replay_priority_updates"] + stats["replay_stale_priority_updates"] == 12 * 4, stats
+    assert stats["replay_priority_updates"] > 0, stats
+    _, saved = checkpoint.latest(learner.config.logdir)
+    assert saved["counters"]["train_steps"] == 12
+    assert_optimizer_continued(learner.config.logdir)  # Adam's step count (from the child) == 12
+    network, target = saved["agent"]["network"], saved["agent"]["target_network"]
+    for name, tensor in network.items():  # the child copied the target at update 12 (a multiple of 4)
+        assert torch.equal(target[name], tensor), name
+    learner.inference.parameters.refresh()
+    assert learner.inference.parameters.applied == 12
+    served = learner.inference.network.state_dict()
+    for name, tensor in network.items():
+        assert torch.equal(served[name].cpu(), tensor.cpu()), name
+    rows = read_metrics(learner.config.logdir)
+    assert any(r.get("training_process/step_ms") for r in rows), rows[-1]
+    assert rows[-1]["replay_priority_updates"] > 0, rows[-1]
+
+
 @pytest.mark.parametrize("overrides, message", [
-    (dict(agent="r2d2"), "--training_process: got true with --agent=r2d2, expected false"),
     (dict(agent="ppo", sync="hts", sync_every=5, deterministic=True),
      "--training_process: got true with --deterministic, expected false"),
 ])
