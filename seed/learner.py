@@ -44,7 +44,7 @@ from seed.host_memory import keep_freed_memory
 from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
 from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
-from seed.serving.notify import RequestBatcher, send_replies
+from seed.serving.notify import RequestBatcher, new_reply_fd, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
 from seed.supervisor import SupervisedThread, ThreadDied, Watchdog, sink_fault_from_environment
@@ -105,17 +105,17 @@ class Learner:
                             self.experience.next_batch, self.stop_event)
             if config.training_process else None)
         # The step slab is shared with the serving process; one request pipe per inference device carries
-        # "actor a's slot is ready", one reply pipe carries "actor a's reply is ready".
+        # "actor a's slot is ready", one reply eventfd per actor index "actor a's reply is ready".
         # One slot per actor stream (--env_groups: one per group of each actor) of envs_per_stream rows.
         self.slab = StepSlab.create(config.actor_streams, config.envs_per_stream, self.spec.observation_shape,
                                     self.spec.observation_dtype)
         self._request_pipes = [os.pipe() for _ in self.inference_devices]
-        self._reply_read, self._reply_write = os.pipe()
-        # Actors on this host may write the slab themselves (--shm_actors, seed/shm_actor_link.py): each index
-        # has a reply eventfd, woken besides the reply pipe once an actor of that index attached that way.
-        self._shm_reply_fds = ([os.eventfd(0, os.EFD_CLOEXEC) for _ in range(config.actor_streams)]
-                               if config.shm_actors else [])
-        reply = functools.partial(self._reply, self._reply_write, self._shm_reply_fds)
+        # Whoever holds actor a's slot waits on its eventfd: a gRPC stream of the serving process, or an actor on
+        # this host that writes the slab itself (--shm_actors, seed/shm_actor_link.py).
+        self._reply_fds = [new_reply_fd() for _ in range(config.actor_streams)]
+        # The serving process reads end of file on this pipe when the learner exits (however).
+        self._lifeline_read, self._lifeline_write = os.pipe()
+        reply = functools.partial(send_replies, self._reply_fds)
         # One inference network, state table, unroll store and batcher per inference device; actor a is
         # served by device a % n, so each env's rows live on exactly one device.
         self.inferences = [
@@ -135,10 +135,10 @@ class Learner:
         self.inference = self.inferences[0]
         self.serving = ServingProcess(self.slab.layout, self.spec, listen_addresses(config.server_address),
                                       2 * config.actor_streams + 8, [w for _, w in self._request_pipes],
-                                      self._reply_read, self._on_actor_episodes,
+                                      self._reply_fds, self._lifeline_read, self._on_actor_episodes,
                                       security=security or TransportSecurity.from_config(config),
                                       max_message_bytes=self._max_message_bytes(),
-                                      shm_reply_fds=self._shm_reply_fds)
+                                      shm_actors=config.shm_actors)
         self._inference_threads = [
             SupervisedThread(functools.partial(self._serve_inference, inference, batcher), f"inference-{i}")
             for i, (inference, batcher) in enumerate(zip(self.inferences, self.batchers, strict=True))
@@ -199,14 +199,6 @@ class Learner:
         observation = int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
         step = k * (observation + 4 + 1 + 1 + 64)  # frames, reward, done, truncated, a finished episode each
         return 2 * step + (1 << 20)
-
-    def _reply(self, reply_pipe: int, shm_reply_fds: list[int], actors: np.ndarray) -> None:
-        """Tells the actors whose slots hold a reply: the serving process through the reply pipe (its gRPC
-        streams), and the reply eventfd of every index that ever attached over shared memory."""
-        send_replies(reply_pipe, actors)
-        if shm_reply_fds:
-            for actor in actors[self.slab.shm_reply[actors] != 0].tolist():
-                os.eventfd_write(shm_reply_fds[actor], 1)
 
     def _serve_inference(self, inference: CentralInference, batcher: RequestBatcher) -> None:
         """One inference device's loop: batches of ready slots until the learner stops."""
@@ -406,14 +398,14 @@ class Learner:
         return summary
 
     def _close(self) -> None:
-        """Releases the slab's descriptor and the pipes (the serving process has exited)."""
-        for fd in (self._reply_read, self._reply_write, *(fd for pipe in self._request_pipes for fd in pipe),
-                   *self._shm_reply_fds):
+        """Releases the slab's descriptor, the pipes and the eventfds (the serving process has exited)."""
+        for fd in (self._lifeline_read, self._lifeline_write, *(fd for pipe in self._request_pipes for fd in pipe),
+                   *self._reply_fds):
             try:
                 os.close(fd)
             except OSError:
                 pass
-        self._request_pipes, self._reply_read, self._reply_write, self._shm_reply_fds = [], -1, -1, []
+        self._request_pipes, self._lifeline_read, self._lifeline_write, self._reply_fds = [], -1, -1, []
         self.slab.release()
 
     def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:

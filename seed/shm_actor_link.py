@@ -180,7 +180,9 @@ class ShmLink:
             if self._sock.fileno() in events:
                 self._check_connection(0)
             if self._reply_fd in events:
-                os.eventfd_read(self._reply_fd)  # the kernel orders inference's slab writes before this read
+                # The kernel orders inference's slab writes before this read. No wake-up left (a newer run of this
+                # index took it; the eventfd is non-blocking): look at the slot all the same, then wait again.
+                notify.consume_wake(self._reply_fd)
                 if self.slab.answered(self.actor, seq):
                     return
             if self._stop.is_set():

@@ -275,7 +275,10 @@ class TrainingProcess:
                 self._free.put(message[1])
                 self.dropped_batches += 1
             elif kind == "state":
+                # Stop here: updates the child made after this state stay in the pipe, so a checkpoint's counters
+                # (the updates recorded so far) are exactly its state's.
                 self._states.append(from_bytes(message[1]))
+                break
         return updates
 
     def state(self, on_updates: Callable[[list[TrainingUpdate]], None]) -> tuple[dict, dict]:

@@ -2,6 +2,7 @@
 inference (rows of several actors, a replaced actor, a failing batch) and the slab service over real gRPC."""
 
 import contextlib
+import functools
 import os
 import threading
 import time
@@ -245,6 +246,10 @@ def test_unroll_store_failure_leaves_no_unroll_across_the_missing_step(learner):
     assert all(v.abs().sum() == 0 for v in after[0].initial_state.values())
 
 
+def _reply_fds(slab) -> list[int]:
+    return [notify.new_reply_fd() for _ in range(slab.layout.num_actors)]
+
+
 class _FakeInference:
     """Stands in for the learner's inference thread: answers every notified slot with action = actor index
     (`wake=False`: writes the reply into the slab but never notifies the serving side)."""
@@ -277,8 +282,9 @@ def test_malformed_request_is_rejected_without_touching_the_slab(slab, tmp_path)
     spec = make_spec("fake:vector")
     request_read, request_write = os.pipe()
     stop = threading.Event()
-    service = SlabService(spec, slab, [request_write], lambda returns: None, stop)
-    fake = _FakeInference(slab, request_read, service.wake)
+    reply_fds = _reply_fds(slab)
+    service = SlabService(spec, slab, [request_write], reply_fds, lambda returns: None, stop)
+    fake = _FakeInference(slab, request_read, functools.partial(notify.send_replies, reply_fds))
     server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
 
     def handshake(actor):
@@ -341,15 +347,16 @@ def _stream_in_thread(address, messages):
 
 
 def test_reply_is_read_only_after_its_wake_up(slab, tmp_path):
-    """The stream trusts the slab's reply only after the reply reader woke it (the pipe read that orders
-    inference's slab writes before the stream's reads on weakly ordered CPUs), never by polling reply_seq on a
-    timeout: a reply written into the slab without a wake-up is not returned; the wake-up releases it at once.
-    (On x86 a CPU test cannot show a reordering; it shows which path the stream takes.)"""
+    """The stream trusts the slab's reply only after it took a wake-up from the actor's reply eventfd (the
+    eventfd read that orders inference's slab writes before the stream's reads on weakly ordered CPUs), never by
+    polling reply_seq on a timeout: a reply written into the slab without a wake-up is not returned; the wake-up
+    releases it at once. (On x86 a CPU test cannot show a reordering; it shows which path the stream takes.)"""
     spec = make_spec("fake:vector")
     request_read, request_write = os.pipe()
     stop = threading.Event()
-    service = SlabService(spec, slab, [request_write], lambda returns: None, stop)
-    fake = _FakeInference(slab, request_read, service.wake, wake=False)
+    reply_fds = _reply_fds(slab)
+    service = SlabService(spec, slab, [request_write], reply_fds, lambda returns: None, stop)
+    fake = _FakeInference(slab, request_read, functools.partial(notify.send_replies, reply_fds), wake=False)
     server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
     try:
         replies, errors, thread = _stream_in_thread(
@@ -357,7 +364,7 @@ def test_reply_is_read_only_after_its_wake_up(slab, tmp_path):
         wait_for(lambda: int(slab.reply_seq[2]) == 1, 10, "the reply in the slab")
         time.sleep(1.6)  # three of the stream's 0.5 s wait timeouts
         assert len(replies) == 1 and not errors  # the handshake reply only
-        service.wake(np.array([2]))
+        notify.send_replies(reply_fds, np.array([2]))
         thread.join(timeout=10)
         assert len(replies) == 2 and not errors
         assert wire.decode_tensor(replies[1].actions.action, "a", "int32", (K,)).tolist() == [2] * K
@@ -382,8 +389,9 @@ def test_new_serving_process_waits_for_the_request_its_predecessor_left(learner,
     if notified:
         notify.send_request(request_write, 1, old_seq)
     stop = threading.Event()
-    service = SlabService(learner.spec, slab, [request_write], lambda returns: None, stop)  # the new process
-    inference.reply = service.wake
+    reply_fds = _reply_fds(slab)
+    service = SlabService(learner.spec, slab, [request_write], reply_fds, lambda returns: None, stop)  # new process
+    inference.reply = functools.partial(notify.send_replies, reply_fds)
     server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
     batcher = notify.RequestBatcher(request_read, slab, batch_rows=1, timeout_s=0.0)
     try:

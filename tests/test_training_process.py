@@ -222,3 +222,28 @@ def test_a_batch_unlike_the_first_is_refused_naming_the_field():
         _copy_into(slot, batch(7))
     with pytest.raises(ValueError, match=r"training batch steps: got fields \['done', 'q', 'reward'\]"):
         _copy_into(slot, batch(6, extra=("q",)))
+
+
+def test_state_returns_before_the_updates_the_child_made_after_it(tmp_path):
+    """The child may finish more updates right after answering "state": a checkpoint records only the updates
+    before the state (its counters must be the state's), the later ones arrive with the next receive. The
+    child's side of the pipes is played here, so the order is exact (a real child shows it only sometimes)."""
+    from seed.agents import agent_module
+    from seed.envs import make_spec
+    from seed.training import make_optimizer
+    from seed.training_process import TrainingProcess, to_bytes
+
+    config = _config(tmp_path)
+    spec = make_spec(config.env, config.env_options())
+    agent = agent_module(config.agent).Agent(spec, config)
+    optimizer = make_optimizer(agent, config)
+    process = TrainingProcess(config, spec, agent, optimizer, 0, lambda timeout_s: None, threading.Event())
+    _, child_results = process._child_ends
+    process._replay_keys.update({0: (None, None), 1: (None, None)})
+    child_results.send(("step", 0, 1, {"losses/total": 1.0}, None))
+    child_results.send(("state", to_bytes(agent.state_dict(), optimizer.state_dict())))
+    child_results.send(("step", 1, 2, {"losses/total": 2.0}, None))
+    recorded = []
+    process.state(recorded.extend)
+    assert [update.version for update in recorded] == [1]
+    assert [update.version for update in process.receive(0.5)] == [2]

@@ -1,26 +1,33 @@
-"""Notifications between the serving process and inference, over plain pipes.
+"""Notifications between the actors' writers and inference: a pipe per inference device, an eventfd per actor.
 
-Request pipe (serving -> one inference device): 16-byte messages (actor int64, request seq int64).
-Reply pipe (inference -> serving): 8-byte actor indices, one write per batch.
+Request pipe (a writer -> one inference device): 16-byte messages (actor int64, request seq int64). Every
+write is at most PIPE_BUF bytes, so the kernel never interleaves two writers' messages, and a read of a multiple
+of the message size returns whole messages.
 
-Every write is at most PIPE_BUF bytes, so the kernel never interleaves two writers' messages, and a read of a
-multiple of the message size returns whole messages. The data itself is in the step slab; a pipe only says
-"slot a is ready" and doubles as the memory barrier between the two processes.
+Reply eventfd (inference -> whoever waits on actor a's slot): one per actor index (per actor stream with
+--env_groups), created by the learner, inherited by the serving process and handed to an actor that attaches over
+shared memory. Inference adds 1 to the eventfd of every actor a batch answered; the slot's lock holder (a gRPC
+stream in the serving process or an shm actor: one at a time per index) waits on it. A wake-up says only
+"look at the slot": it may be left over from an earlier request, so the slab's reply_seq says whose reply it is.
+
+The data itself is in the step slab; a notification only says "slot a is ready" and, being a syscall pair,
+doubles as the memory barrier between the two processes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
 from seed.serving.slab import StepSlab
 
 REQUEST_DTYPE = np.dtype([("actor", "<i8"), ("seq", "<i8")])
-_PIPE_BUF = 4096  # POSIX minimum; Linux's is the same
 
 log = logging.getLogger(__name__)
 
@@ -29,23 +36,35 @@ def send_request(fd: int, actor: int, seq: int) -> None:
     os.write(fd, np.array([(actor, seq)], REQUEST_DTYPE).tobytes())
 
 
-def send_replies(fd: int, actors: np.ndarray) -> None:
-    data = np.ascontiguousarray(actors, dtype="<i8").tobytes()
-    for start in range(0, len(data), _PIPE_BUF):
-        os.write(fd, data[start:start + _PIPE_BUF])
+def new_reply_fd() -> int:
+    """A reply eventfd: non-blocking, so a wake-up someone else consumed first never blocks the reader."""
+    return os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
 
 
-class ReplyReader:
-    """Blocking reader of the reply pipe: `read()` -> actor indices int64 [n], or None at end of file."""
+def send_replies(reply_fds: Sequence[int], actors: np.ndarray) -> None:
+    """Wakes the reply eventfd of each actor index in `actors` (int64 [n]), after inference wrote their replies."""
+    for actor in actors.tolist():
+        os.eventfd_write(reply_fds[actor], 1)
+
+
+def consume_wake(fd: int) -> bool:
+    """Takes the wake-ups waiting on a reply eventfd; whether there were any."""
+    with contextlib.suppress(BlockingIOError):
+        return os.eventfd_read(fd) > 0
+    return False
+
+
+class ReplyWaiter:
+    """Waits for wake-ups on one actor index's reply eventfd (one waiter at a time: the slot's lock holder)."""
 
     def __init__(self, fd: int):
-        self._fd = fd
+        self.fd = fd
+        self._poll = select.poll()
+        self._poll.register(fd, select.POLLIN)
 
-    def read(self) -> np.ndarray | None:
-        data = os.read(self._fd, _PIPE_BUF)
-        if not data:
-            return None
-        return np.frombuffer(data, "<i8")
+    def wait(self, timeout_s: float) -> bool:
+        """Whether a wake-up arrived within `timeout_s` seconds (taken: the eventfd reads zero again)."""
+        return bool(self._poll.poll(int(timeout_s * 1000))) and consume_wake(self.fd)
 
 
 class RequestBatcher:

@@ -1,11 +1,11 @@
 """The serving process: the learner's gRPC front end, a separate OS process with its own GIL.
 
 The learner starts it (`ServingProcess.start`) with the slab layout, the env spec, the listen addresses and
-three kinds of pipes passed as inherited file descriptors: request pipes (to each inference device), the
-reply pipe (from inference) and an events pipe (JSON lines back to the learner: bound addresses, finished
-episodes' raw returns, a fatal error). The process exits when the learner tells it to (SIGTERM) or when the
-learner disappears (the reply pipe reaches end of file, or its parent changes), so a killed learner never
-leaves a process holding its port.
+these inherited file descriptors: request pipes (to each inference device), one reply eventfd per actor index
+(woken by inference, seed/serving/notify.py), a lifeline pipe the learner never writes, and an events pipe
+(JSON lines back to the learner: bound addresses, finished episodes' raw returns, a fatal error). The process
+exits when the learner tells it to (SIGTERM) or when the learner disappears (the lifeline reaches end of file,
+or its parent changes), so a killed learner never leaves a process holding its port.
 
     python -m seed.serving.process   (reads its configuration as one JSON object on stdin)
 """
@@ -40,13 +40,14 @@ class ServingConfig:
     spec: EnvSpec
     addresses: list[str]
     request_fds: list[int]
-    reply_fd: int
+    reply_fds: list[int]  # one reply eventfd per actor index
+    lifeline_fd: int  # read end of a pipe the learner never writes: end of file = the learner exited
     events_fd: int
     max_workers: int
     parent_pid: int
     max_message_bytes: int
     security: TransportSecurity  # the token travels on the process's stdin, never in its argv
-    shm_reply_fds: list[int] = dataclasses.field(default_factory=list)  # per actor; empty: no shm actors
+    shm_actors: bool = False  # offer actors on this host the shared-memory path
 
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self))
@@ -94,7 +95,6 @@ def _die_with_parent(parent_pid: int, stop: threading.Event) -> None:
 
 def serve(config: ServingConfig) -> None:
     """Runs the gRPC server until SIGTERM or the learner's exit."""
-    from seed.serving.notify import ReplyReader
     from seed.serving.service import SlabService
     from seed.serving.slab import StepSlab
     from seed.transport import start_grpc_server
@@ -108,15 +108,15 @@ def serve(config: ServingConfig) -> None:
     _die_with_parent(config.parent_pid, stop)
     events = _EventWriter(config.events_fd)
     slab = StepSlab.attach(config.layout)
-    service = SlabService(config.spec, slab, config.request_fds, lambda r: events.send(episodes=r), stop)
+    service = SlabService(config.spec, slab, config.request_fds, config.reply_fds,
+                          lambda r: events.send(episodes=r), stop)
 
-    def read_replies() -> None:
-        reader = ReplyReader(config.reply_fd)
-        while (actors := reader.read()) is not None:
-            service.wake(actors)
-        stop.set()  # end of file: the learner closed its side
+    def watch_lifeline() -> None:
+        while os.read(config.lifeline_fd, 64):  # the learner never writes: this returns at its exit
+            pass
+        stop.set()
 
-    threading.Thread(target=read_replies, name="reply-reader", daemon=True).start()
+    threading.Thread(target=watch_lifeline, name="lifeline", daemon=True).start()
     try:
         server, health, bound = start_grpc_server(service, config.addresses, config.max_workers,
                                                   security=config.security,
@@ -142,9 +142,9 @@ def _start_handover(config: ServingConfig, service: Any, stop: threading.Event) 
     from seed.serving.shm_protocol import handover_path
 
     paths = [path for path in map(handover_path, config.addresses) if path]
-    if not config.shm_reply_fds or config.security.tls or not paths:
+    if not config.shm_actors or config.security.tls or not paths:
         return None
-    handover = ShmHandover(service, paths, config.shm_reply_fds, config.security.auth_token, stop)
+    handover = ShmHandover(service, paths, config.security.auth_token, stop)
     try:
         handover.start()
     except OSError as error:  # e.g. `<path>.shm` longer than a unix socket path may be: gRPC actors still work
@@ -162,21 +162,21 @@ class ServingProcess:
       layout: the slab to serve into (created by the learner).
       spec, addresses, max_workers, security, max_message_bytes: as for the gRPC server (seed.transport).
       request_write_fds: write ends of the request pipes, one per inference device.
-      reply_read_fd: read end of the reply pipe.
+      reply_fds: one reply eventfd per actor index (seed/serving/notify.py), also handed to shm actors.
+      lifeline_read_fd: read end of a pipe whose write end only the learner holds (and never writes).
       on_episodes: called with the (env id, raw return) pairs the actors report.
-      shm_reply_fds: one reply eventfd per actor index, handed to actors that attach over shared memory;
-        empty or None: the serving process offers no shared-memory path.
+      shm_actors: offer actors on this host the shared-memory path (seed/serving/shm_handover.py).
     """
 
     def __init__(self, layout: SlabLayout, spec: EnvSpec, addresses: list[str], max_workers: int,
-                 request_write_fds: list[int], reply_read_fd: int,
+                 request_write_fds: list[int], reply_fds: list[int], lifeline_read_fd: int,
                  on_episodes: Callable[[list[tuple[int, float]]], None],
-                 security: TransportSecurity, max_message_bytes: int, shm_reply_fds: list[int] | None = None):
+                 security: TransportSecurity, max_message_bytes: int, shm_actors: bool = False):
         self._layout, self._spec, self._addresses, self._max_workers = layout, spec, addresses, max_workers
         self._security, self._max_message_bytes = security, max_message_bytes
-        self._request_fds, self._reply_fd = request_write_fds, reply_read_fd
+        self._request_fds, self._reply_fds, self._lifeline_fd = request_write_fds, list(reply_fds), lifeline_read_fd
         self._on_episodes = on_episodes
-        self._shm_reply_fds = list(shm_reply_fds or [])
+        self._shm_actors = shm_actors
         self._process: subprocess.Popen | None = None
         self._ready = threading.Event()
         self._error: str | None = None
@@ -188,10 +188,10 @@ class ServingProcess:
         events_read, events_write = os.pipe()
         self._ready.clear()
         self._error = None
-        config = ServingConfig(self._layout, self._spec, self._addresses, self._request_fds, self._reply_fd,
-                               events_write, self._max_workers, os.getpid(), self._max_message_bytes,
-                               self._security, self._shm_reply_fds)
-        fds = (*self._request_fds, self._reply_fd, events_write, self._layout.fd, *self._shm_reply_fds)
+        config = ServingConfig(self._layout, self._spec, self._addresses, self._request_fds, self._reply_fds,
+                               self._lifeline_fd, events_write, self._max_workers, os.getpid(),
+                               self._max_message_bytes, self._security, self._shm_actors)
+        fds = (*self._request_fds, *self._reply_fds, self._lifeline_fd, events_write, self._layout.fd)
         self._process = subprocess.Popen([sys.executable, "-m", "seed.serving.process"], stdin=subprocess.PIPE,
                                          pass_fds=fds, text=True)
         os.close(events_write)

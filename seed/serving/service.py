@@ -2,7 +2,8 @@
 
 Each stream runs on its own server thread: it validates the handshake, then for every step message decodes
 and checks the tensors (seed/wire.py: one copy of each payload out of the message), copies them into the
-actor's rows of the step slab, notifies the actor's inference device and waits for the reply in the slab. All
+actor's rows of the step slab, notifies the actor's inference device and waits on the actor's reply eventfd for
+the reply in the slab. All
 of this happens outside the learner process, so decoding never competes with inference or training for the
 learner's GIL.
 
@@ -49,11 +50,12 @@ def read_handshake(request_iterator: Iterator[seed_pb2.ActorMessage], context: g
 
 
 class _Slot:
-    """One actor's slot: a lock (one request in flight per actor index) and the reply's wake-up event."""
+    """One actor's slot: a lock (one request in flight per actor index among this process's streams) and the
+    waiter on the index's reply eventfd."""
 
-    def __init__(self):
+    def __init__(self, reply_fd: int):
         self.lock = threading.Lock()
-        self.replied = threading.Event()
+        self.replies = notify.ReplyWaiter(reply_fd)
 
 
 class SlabService(seed_pb2_grpc.LearnerServicer):
@@ -61,27 +63,25 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
       spec: the learner's env spec; actors must send the same.
       slab: the shared step slab (num_actors x envs_per_actor rows).
       request_fds: one request pipe per inference device; actor a notifies request_fds[a % n].
+      reply_fds: one reply eventfd per actor index (seed/serving/notify.py), woken by inference.
       on_episodes: receives (env id, raw return) of each episode the actors report finished.
       stop: set when the serving process shuts down; waiting streams end with UNAVAILABLE.
     """
 
-    def __init__(self, spec: EnvSpec, slab: StepSlab, request_fds: list[int],
+    def __init__(self, spec: EnvSpec, slab: StepSlab, request_fds: list[int], reply_fds: list[int],
                  on_episodes: Callable[[list[tuple[int, float]]], None], stop: threading.Event):
+        if len(reply_fds) != slab.layout.num_actors:
+            raise ValueError(f"reply_fds: got {len(reply_fds)}, expected one per actor ({slab.layout.num_actors})")
         self.spec = spec
         self.slab = slab
         self.num_actors = slab.layout.num_actors
         self.envs_per_actor = slab.envs_per_actor
         self.request_fds = request_fds
+        self.reply_fds = reply_fds
         self.on_episodes = on_episodes
         self.stop = stop
-        self.slots = [_Slot() for _ in range(self.num_actors)]
+        self.slots = [_Slot(fd) for fd in reply_fds]
         self.learner_run = uuid.uuid4().hex[:12]
-
-    def wake(self, actors: np.ndarray) -> None:
-        """Called by the reply reader: the slots of `actors` have a reply."""
-        for actor in actors.tolist():
-            if 0 <= actor < self.num_actors:
-                self.slots[actor].replied.set()
 
     def check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
         if not 0 <= handshake.actor_index < self.num_actors:
@@ -148,7 +148,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
     def _write_and_wait(self, actor: int, run_id: int, arrays: tuple[np.ndarray, ...], request_fd: int,
                         context: grpc.ServicerContext) -> tuple[int, np.ndarray]:
         """With the slot's locks held: (reply status, actions int32 [K]) of one request."""
-        slot, slab = self.slots[actor], self.slab
+        slab = self.slab
         if int(slab.live_run[actor]) != run_id:
             context.abort(wire.SUPERSEDED, self._replaced(actor, run_id))
         left = slab.unanswered(actor)
@@ -158,10 +158,8 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             # Inference may be reading its rows right now, so the slot is ours only once it is answered. It may
             # never have been notified: notify it again (inference answers it, stale since our handshake, or
             # re-wakes it if it did).
-            slot.replied.clear()
             notify.send_request(request_fd, actor, left)
             self._await_reply(actor, left, context)
-        slot.replied.clear()
         seq = slab.write_request(actor, run_id, *arrays)
         notify.send_request(request_fd, actor, seq)
         self._await_reply(actor, seq, context)
@@ -170,17 +168,16 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
     def _await_reply(self, actor: int, seq: int, context: grpc.ServicerContext) -> None:
         """Returns once the slot's reply answers request `seq`; UNAVAILABLE if the process stops first.
 
-        The slab's reply is read only after a wake-up, never on a timeout: a wake-up means the reply reader has
-        read this actor's index from the reply pipe, and that pipe read (paired with inference's pipe write,
-        through the Event's lock to this thread) is what orders inference's slab writes (actions, status,
-        reply_seq) before our reads of them. Polled without it, a weakly ordered CPU (aarch64) may show the new
-        reply_seq before the actions it guards; x86 shows stores in order, which is why polling seemed to work.
-        A wake-up may belong to an earlier request; only the reply's sequence number says it is ours.
+        The slab's reply is read only after a wake-up, never on a timeout: a wake-up is this thread's read of the
+        actor's reply eventfd, and that read (paired with inference's eventfd write) is what orders inference's
+        slab writes (actions, status, reply_seq) before our reads of them. Polled without it, a weakly ordered
+        CPU (aarch64) may show the new reply_seq before the actions it guards; x86 shows stores in order, which
+        is why polling seemed to work. A wake-up may belong to an earlier request; only the reply's sequence
+        number says it is ours. The stream thread waits on the eventfd itself: no reader thread hands it on.
         """
-        slot = self.slots[actor]
+        replies = self.slots[actor].replies
         while True:
-            if slot.replied.wait(0.5):
-                slot.replied.clear()
+            if replies.wait(0.5):
                 if self.slab.answered(actor, seq):
                     return
             elif self.stop.is_set():
@@ -194,11 +191,9 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
 
     def register(self, handshake: seed_pb2.Handshake, transport: str) -> int:
         """Makes a checked handshake's run the live run of its actor index; returns its first env id.
-        `transport`: "grpc", or "shm" (the index's replies then also wake its reply eventfd, see slab.py)."""
+        `transport`: "grpc" or "shm" (for the log line)."""
         actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
         first_env_id = actor * num_envs
-        if transport == "shm":
-            self.slab.shm_reply[actor] = 1
         self.slab.live_run[actor] = run_id  # from now on, requests of an older run of this actor are stale
         print(f"[learner] actor {actor} connected over {transport} (run {run_id:x}, env ids {first_env_id}.."
               f"{first_env_id + num_envs - 1})", flush=True)

@@ -10,7 +10,8 @@ thread per connection, never on a step's path:
    env spec), and `SlabService.register` makes its run the live one (a newer run of an index supersedes the
    older, whichever transport either uses);
 3. only then are the descriptors sent: the slab's memfd, the write end of the request pipe of the actor's
-   inference device and the actor's reply eventfd (created by the learner, one per actor index);
+   inference device and the actor's reply eventfd (created by the learner, one per actor index; the serving
+   process's gRPC streams of that index wait on the same one);
 4. afterwards the connection carries the actor's finished-episode stats, checked like a StepBatch's
    (`SlabService.check_episode`); a malformed one gets an error frame and the connection is closed.
 
@@ -46,18 +47,13 @@ class ShmHandover:
     Args:
       service: the gRPC service, whose checks, registration and episode sink the handover reuses.
       paths: the handover socket paths (`shm_protocol.handover_path` of each unix listen address).
-      reply_fds: the reply eventfd of every actor index (num_actors of them).
       auth_token: the learner's token ('' = none).
       stop: set when the serving process shuts down.
     """
 
-    def __init__(self, service: SlabService, paths: list[str], reply_fds: list[int], auth_token: str,
-                 stop: threading.Event):
-        if len(reply_fds) != service.num_actors:
-            raise ValueError(f"reply_fds: got {len(reply_fds)}, expected one per actor ({service.num_actors})")
+    def __init__(self, service: SlabService, paths: list[str], auth_token: str, stop: threading.Event):
         self.service = service
         self.paths = paths
-        self.reply_fds = reply_fds
         self.auth_token = auth_token
         self.stop = stop
         self._listeners: list[socket.socket] = []
@@ -166,7 +162,7 @@ class ShmHandover:
         service, actor = self.service, handshake.actor_index
         first_env_id = service.register(handshake, "shm")
         layout = service.slab.layout
-        fds = [layout.fd, service.request_fds[actor % len(service.request_fds)], self.reply_fds[actor]]
+        fds = [layout.fd, service.request_fds[actor % len(service.request_fds)], service.reply_fds[actor]]
         shm_protocol.send_json(connection, {"ok": True, "first_env_id": first_env_id,
                                             "learner_run": service.learner_run,
                                             "layout": dataclasses.asdict(layout)}, fds)

@@ -21,13 +21,12 @@ Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
   reply_seq      int64 [A]          request_seq of the request the slot's current reply answers
   reply_status   int8 [A]           REPLY_OK, REPLY_STALE, REPLY_FAILED or REPLY_INVALID
   reply_error    uint8 [A, 256]     REPLY_INVALID only: why, UTF-8, NUL-padded (names field, got, expected)
-  shm_reply      int8 [A]           1 once an actor of this index attached over shared memory (seed/serving/
-                                    shm_handover.py): inference then also wakes the index's reply eventfd
 
 Protocol per request (serving side): mark the slot as being written (request_seq = -new seq), write the rows,
 request_run and arrival_s, publish the new request_seq, then notify inference through a pipe (a syscall: the
 writes are visible to the reader after it). Inference writes `action`, `reply_status` and `reply_seq` before
-notifying back the same way, and the serving side reads a reply only after that notification reached it.
+waking the actor's reply eventfd (seed/serving/notify.py), and the waiting side reads a reply only after it took
+that wake-up.
 
 One request in flight per slot: a slot is free once `reply_seq == request_seq`, and only a free slot is written.
 The serving process's per-actor lock keeps this among its own streams; a new serving process (the old one died)
@@ -84,7 +83,7 @@ class SlabLayout:
             ("action", "int32", (n,)),
             ("request_run", "int64", (a,)), ("request_seq", "int64", (a,)), ("arrival_s", "float64", (a,)),
             ("live_run", "int64", (a,)), ("reply_seq", "int64", (a,)), ("reply_status", "int8", (a,)),
-            ("reply_error", "uint8", (a, REPLY_ERROR_BYTES)), ("shm_reply", "int8", (a,)),
+            ("reply_error", "uint8", (a, REPLY_ERROR_BYTES)),
         ]
 
     def offsets(self) -> tuple[dict[str, int], int]:
