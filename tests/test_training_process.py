@@ -42,6 +42,18 @@ def _run_in_thread(learner) -> tuple[threading.Thread, list[BaseException]]:
     return runner, raised
 
 
+def _run_to_max_train_steps(processes, tmp_path, learner) -> None:
+    """Runs `learner` beside one actor until it stops by itself at --max_train_steps; fails if it does not."""
+    runner, raised = _run_in_thread(learner)
+    _actor(processes, f"unix:{tmp_path}/s")
+    runner.join(120)
+    if runner.is_alive():
+        learner.request_stop()
+        runner.join(30)
+        pytest.fail("the learner did not stop at --max_train_steps")
+    assert not raised, raised
+
+
 def _actor(processes, address, **overrides):
     args = dict(env="fake:vector", server_address=address, actor_index=0, envs_per_actor=4, fake_episode_length=20)
     args.update(overrides)
@@ -68,14 +80,7 @@ def _check_exact_updates_served_and_checkpointed(processes, tmp_path, **override
     learner = Learner(_config(tmp_path, max_train_steps=25, checkpoint_interval_s=0.2, keep_checkpoints=100,
                               **overrides))
     initial = {k: v.clone() for k, v in learner.inference.network.state_dict().items()}
-    runner, raised = _run_in_thread(learner)
-    _actor(processes, f"unix:{tmp_path}/s")
-    runner.join(120)
-    if runner.is_alive():
-        learner.request_stop()
-        runner.join(30)
-        pytest.fail("the learner did not stop at --max_train_steps")
-    assert not raised, raised
+    _run_to_max_train_steps(processes, tmp_path, learner)
     assert learner.metrics.train_steps == 25
     assert not learner.training_process.alive()
     _, saved = checkpoint.latest(learner.config.logdir)
@@ -167,14 +172,7 @@ def test_r2d2_trains_in_its_process_and_the_learner_writes_the_priorities(proces
     learner = Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=64, replay_min_size=8,
                               target_update_interval=4, max_train_steps=12, checkpoint_interval_s=3600))
     assert learner.training_process is not None
-    runner, raised = _run_in_thread(learner)
-    _actor(processes, f"unix:{tmp_path}/s")
-    runner.join(120)
-    if runner.is_alive():
-        learner.request_stop()
-        runner.join(30)
-        pytest.fail("the learner did not stop at --max_train_steps")
-    assert not raised, raised
+    _run_to_max_train_steps(processes, tmp_path, learner)
     assert learner.metrics.train_steps == 12
     stats = learner.experience.replay.stats()
     # Every sampled sequence of every update got its new priority back (or was overwritten in between).
