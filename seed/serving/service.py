@@ -3,9 +3,8 @@
 Each stream runs on its own server thread: it validates the handshake, then for every step message decodes
 and checks the tensors (seed/wire.py: one copy of each payload out of the message), copies them into the
 actor's rows of the step slab, notifies the actor's inference device and waits on the actor's reply eventfd for
-the reply in the slab. All
-of this happens outside the learner process, so decoding never competes with inference or training for the
-learner's GIL.
+the reply in the slab. All of this happens outside the learner process, so decoding never competes with
+inference or training for the learner's GIL.
 
 A malformed message ends only that actor's stream (INVALID_ARGUMENT naming the field, the value received
 and the value expected); a request of an actor run that a newer handshake for its index superseded ends with
