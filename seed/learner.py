@@ -44,7 +44,7 @@ from seed.host_memory import keep_freed_memory
 from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
 from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
-from seed.serving.notify import RequestBatcher, new_reply_fd, send_replies
+from seed.serving.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
 from seed.supervisor import SupervisedThread, ThreadDied, Watchdog, sink_fault_from_environment
@@ -109,7 +109,7 @@ class Learner:
         # One slot per actor stream (--env_groups: one per group of each actor) of envs_per_stream rows.
         self.slab = StepSlab.create(config.actor_streams, config.envs_per_stream, self.spec.observation_shape,
                                     self.spec.observation_dtype)
-        self._request_pipes = [os.pipe() for _ in self.inference_devices]
+        self._request_pipes = [new_request_channel() for _ in self.inference_devices]
         # Whoever holds actor a's slot waits on its eventfd: a gRPC stream of the serving process, or an actor on
         # this host that writes the slab itself (--shm_actors, seed/shm_actor_link.py).
         self._reply_fds = [new_reply_fd() for _ in range(config.actor_streams)]

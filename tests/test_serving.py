@@ -83,7 +83,7 @@ def test_slot_is_marked_while_its_rows_are_written(slab):
 
 
 def test_batcher_takes_a_full_batch_without_waiting_for_the_timeout(slab):
-    read_fd, write_fd = os.pipe()
+    read_fd, write_fd = notify.new_request_channel()
     batcher = notify.RequestBatcher(read_fd, slab, batch_rows=2 * K, timeout_s=30.0)
     for actor in (2, 0, 1):
         notify.send_request(write_fd, actor, slab.write_request(actor, 1, *_step(actor)[2:]))
@@ -97,7 +97,7 @@ def test_batcher_takes_a_full_batch_without_waiting_for_the_timeout(slab):
 
 
 def test_batcher_flushes_a_partial_batch_at_the_timeout(slab):
-    read_fd, write_fd = os.pipe()
+    read_fd, write_fd = notify.new_request_channel()
     batcher = notify.RequestBatcher(read_fd, slab, batch_rows=64, timeout_s=0.05)
     notify.send_request(write_fd, 0, slab.write_request(0, 1, *_step(0)[2:]))
     actors, _ = batcher.next_batch(1.0)
@@ -280,7 +280,7 @@ def test_malformed_request_is_rejected_without_touching_the_slab(slab, tmp_path)
     """The slab service over a real unix socket: good steps land in their rows; a malformed one ends its stream
     with INVALID_ARGUMENT naming the field, writes no row and notifies nobody."""
     spec = make_spec("fake:vector")
-    request_read, request_write = os.pipe()
+    request_read, request_write = notify.new_request_channel()
     stop = threading.Event()
     reply_fds = _reply_fds(slab)
     service = SlabService(spec, slab, [request_write], reply_fds, lambda returns: None, stop)
@@ -352,7 +352,7 @@ def test_reply_is_read_only_after_its_wake_up(slab, tmp_path):
     polling reply_seq on a timeout: a reply written into the slab without a wake-up is not returned; the wake-up
     releases it at once. (On x86 a CPU test cannot show a reordering; it shows which path the stream takes.)"""
     spec = make_spec("fake:vector")
-    request_read, request_write = os.pipe()
+    request_read, request_write = notify.new_request_channel()
     stop = threading.Event()
     reply_fds = _reply_fds(slab)
     service = SlabService(spec, slab, [request_write], reply_fds, lambda returns: None, stop)
@@ -384,7 +384,7 @@ def test_new_serving_process_waits_for_the_request_its_predecessor_left(learner,
     slab, inference = learner.slab, learner.inference
     for _ in range(2):
         serve_steps(inference, [_step(1, observation=np.full((K, 8), 1.0, np.float32))])
-    request_read, request_write = os.pipe()
+    request_read, request_write = notify.new_request_channel()
     old_seq = slab.write_request(1, 1, *_step(1, observation=np.full((K, 8), 11.0, np.float32))[2:])
     if notified:
         notify.send_request(request_write, 1, old_seq)

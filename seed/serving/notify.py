@@ -1,8 +1,12 @@
 """Notifications between the actors' writers and inference: a pipe per inference device, an eventfd per actor.
 
-Request pipe (a writer -> one inference device): 16-byte messages (actor int64, request seq int64). Every
-write is at most PIPE_BUF bytes, so the kernel never interleaves two writers' messages, and a read of a multiple
-of the message size returns whole messages.
+Request pipe (writers -> one inference device): 16-byte messages (actor int64, request seq int64), in a
+packet-mode pipe (`new_request_channel`, O_DIRECT): the kernel keeps each write a packet of its own and a read
+returns at most one packet, so message boundaries survive many writers. Actors on this host write the pipe
+themselves; one of them writing 5 bytes drops that one packet (`RequestBatcher` logs its size) instead of
+shifting every later message of every writer, as a byte stream would. The pipe is sized for
+REQUEST_PIPE_PACKETS packets (a packet takes a page of the pipe's buffer); past that a writer blocks until
+inference reads, which it would have waited for anyway.
 
 Reply eventfd (inference -> whoever waits on actor a's slot): one per actor index (per actor stream with
 --env_groups), created by the learner, inherited by the serving process and handed to an actor that attaches over
@@ -17,7 +21,10 @@ doubles as the memory barrier between the two processes.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import logging
+import math
+import mmap
 import os
 import select
 import time
@@ -28,11 +35,30 @@ import numpy as np
 from seed.serving.slab import StepSlab
 
 REQUEST_DTYPE = np.dtype([("actor", "<i8"), ("seq", "<i8")])
+REQUEST_PIPE_PACKETS = 256  # notifications a request pipe holds (a page each); the unprivileged maximum by default
+_MAX_PACKET_BYTES = 1 << 16  # more than a packet can hold (one page), so a read sees a packet's whole size
+_DRAIN_PACKETS = 4096  # notifications read per `_fill` at most, so a flood cannot keep the reader in one call
+_DROP_LOG_INTERVAL_S = 10.0
 
 log = logging.getLogger(__name__)
 
 
+def new_request_channel() -> tuple[int, int]:
+    """A request pipe in packet mode: (read end, write end), both close-on-exec (passed on explicitly).
+
+    Sized for REQUEST_PIPE_PACKETS notifications where the system allows (F_SETPIPE_SZ; the default holds 16)."""
+    read_fd, write_fd = os.pipe2(os.O_DIRECT | os.O_CLOEXEC)
+    for packets in (REQUEST_PIPE_PACKETS, REQUEST_PIPE_PACKETS // 4):
+        try:  # above /proc/sys/fs/pipe-max-size, or the user's pipe pages used up: EPERM; keep what it has
+            fcntl.fcntl(write_fd, fcntl.F_SETPIPE_SZ, packets * mmap.PAGESIZE)
+            break
+        except OSError:
+            continue
+    return read_fd, write_fd
+
+
 def send_request(fd: int, actor: int, seq: int) -> None:
+    """Notifies that slot `actor` holds request `seq`: one 16-byte packet on a request pipe's write end."""
     os.write(fd, np.array([(actor, seq)], REQUEST_DTYPE).tobytes())
 
 
@@ -77,9 +103,14 @@ class RequestBatcher:
     `next_batch(wait_s)` -> (actors int64 [n], seqs int64 [n]) in arrival order, or None if nothing arrived
     within `wait_s` seconds (so the caller can check for shutdown).
 
-    Actors on the learner's host write this pipe themselves (seed/shm_actor_link.py), so a notification is not
-    trusted: one naming an actor outside [0, num_actors) or served by another device (actor % num_devices !=
-    device_index) is dropped and counted in `rejected`, never used as an index.
+    Actors on the learner's host write this pipe and their slot's `arrival_s` themselves (seed/shm_actor_link.py),
+    so neither is trusted: a packet that is not whole 16-byte messages, or a message naming an actor outside
+    [0, num_actors) or served by another device (actor % num_devices != device_index), is dropped alone and
+    counted in `rejected`, never used as an index; a batch's deadline is kept within `timeout_s` of now whatever
+    the slab's arrival times say (a NaN counts as now), so an absurd one can neither stall nor crash the batcher.
+
+    `fd` is the read end of a `new_request_channel` pipe (packet mode: the write end decides, so it cannot be
+    checked here); the batcher makes it non-blocking.
     """
 
     def __init__(self, fd: int, slab: StepSlab, batch_rows: int, timeout_s: float, device_index: int = 0,
@@ -89,6 +120,7 @@ class RequestBatcher:
         if timeout_s < 0:
             raise ValueError(f"batch_timeout_ms: got {timeout_s * 1000}, expected >= 0")
         self._fd = fd
+        os.set_blocking(fd, False)
         self._slab = slab
         self._rows_per_request = slab.envs_per_actor
         self._max_requests = max(1, -(-batch_rows // self._rows_per_request))
@@ -96,21 +128,34 @@ class RequestBatcher:
         self._poll = select.poll()
         self._poll.register(fd, select.POLLIN)
         self._pending = np.empty(0, REQUEST_DTYPE)
-        self._partial = b""
         self._device_index, self._num_devices = device_index, num_devices
         self.rejected = 0  # notifications dropped as malformed
+        self._malformed_sizes: dict[int, int] = {}  # packet size -> count, since the last log line
+        self._malformed_logged = -math.inf
 
     def _fill(self, timeout_s: float) -> bool:
-        """Reads whatever notifications arrive within `timeout_s`; whether any did."""
+        """Reads whatever notifications arrive within `timeout_s`; whether any packet did."""
         if not self._poll.poll(max(0, int(timeout_s * 1000 + 0.999))):
             return False
-        data = os.read(self._fd, 1 << 16)
-        if not data:  # every writer closed (the learner holds one, so only at its exit)
-            return False
-        data = self._partial + data
-        whole = len(data) - len(data) % REQUEST_DTYPE.itemsize
-        self._partial = data[whole:]
-        requests = np.frombuffer(data[:whole], REQUEST_DTYPE)
+        packets, malformed = [], 0
+        for _ in range(_DRAIN_PACKETS):
+            try:
+                packet = os.read(self._fd, _MAX_PACKET_BYTES)
+            except BlockingIOError:
+                break
+            if not packet:  # every writer closed (the learner holds one, so only at its exit)
+                break
+            if len(packet) % REQUEST_DTYPE.itemsize == 0:  # one message, or several that one writer wrote at once
+                packets.append(packet)
+            else:
+                malformed += 1
+                self._malformed_sizes[len(packet)] = self._malformed_sizes.get(len(packet), 0) + 1
+        if malformed:
+            self.rejected += malformed
+            self._log_malformed()
+        if not packets:
+            return malformed > 0
+        requests = np.frombuffer(b"".join(packets), REQUEST_DTYPE)
         actors = requests["actor"]
         in_range = (actors >= 0) & (actors < self._slab.layout.num_actors)
         ours = in_range & (actors % self._num_devices == self._device_index)
@@ -124,12 +169,34 @@ class RequestBatcher:
         self._pending = np.concatenate([self._pending, requests])
         return True
 
+    def _log_malformed(self) -> None:
+        """Says which packet sizes were dropped, at most once per _DROP_LOG_INTERVAL_S (a writer flooding the pipe
+        with bad packets must not flood the log too); the sizes seen meanwhile go into the next line."""
+        now = time.monotonic()
+        if now - self._malformed_logged < _DROP_LOG_INTERVAL_S:
+            return
+        self._malformed_logged = now
+        sizes = ", ".join(f"{n} of {size} bytes" for size, n in sorted(self._malformed_sizes.items()))
+        log.warning("request pipe of device %d: dropped malformed notifications (%s), expected packets of %d "
+                    "bytes (actor int64, seq int64); %d notifications dropped so far", self._device_index, sizes,
+                    REQUEST_DTYPE.itemsize, self.rejected)
+        self._malformed_sizes.clear()
+
+    def _deadline(self) -> float:
+        """When the batch of the pending requests is due (time.monotonic() seconds): `timeout_s` after the oldest
+        arrival, kept within [now - timeout_s, now + timeout_s] (no true arrival is later than now; a NaN
+        counts as now), so an actor's +inf or 1e300 neither overflows the poll timeout nor holds the batch."""
+        now = time.monotonic()
+        oldest = float(np.fmin.reduce(self._slab.arrival_s[self._pending["actor"]]))  # fmin skips NaNs
+        deadline = (now if math.isnan(oldest) else oldest) + self.timeout_s
+        return min(max(deadline, now - self.timeout_s), now + self.timeout_s)
+
     def next_batch(self, wait_s: float) -> tuple[np.ndarray, np.ndarray] | None:
         if not len(self._pending):
             self._fill(wait_s)
             if not len(self._pending):  # nothing came, or only notifications that were dropped
                 return None
-        deadline = float(self._slab.arrival_s[self._pending["actor"]].min()) + self.timeout_s
+        deadline = self._deadline()
         while len(self._pending) < self._max_requests:
             if not self._fill(max(0.0, deadline - time.monotonic())):
                 break

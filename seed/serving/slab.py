@@ -1,11 +1,11 @@
 """The step slab: every env's latest step in shared memory, written by the serving process, read by inference.
 
-One anonymous shared-memory file (memfd; never a name in /dev/shm, so a killed learner leaves nothing behind),
-mapped by the learner and by the serving process, which inherits its file descriptor. Rows are indexed by env
-id, so actor `a` with K envs owns rows [a*K, (a+1)*K) and an inference batch is one gather of the ready
-actors' rows, however many actors it holds. Each actor has exactly one request in flight (the stream is
-request/reply), so one slot per actor is all the buffering there is: no queue, no per-request Python object
-on the inference side.
+One anonymous shared-memory file (memfd; never a name in /dev/shm, so a killed learner leaves nothing behind;
+its size sealed, so no holder of the descriptor can shrink it under a mapping), mapped by the learner and by the
+serving process, which inherits its file descriptor. Rows are indexed by env id, so actor `a` with K envs owns
+rows [a*K, (a+1)*K) and an inference batch is one gather of the ready actors' rows, however many actors it
+holds. Each actor has exactly one request in flight (the stream is request/reply), so one slot per actor is all
+the buffering there is: no queue, no per-request Python object on the inference side.
 
 Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
 
@@ -96,13 +96,25 @@ class SlabLayout:
         return offsets, size
 
 
+_SIZE_SEALS = fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_SEAL if hasattr(fcntl, "F_ADD_SEALS") else 0
+
+
 def _shared_file(nbytes: int) -> int:
-    """A zero-filled shared file of `nbytes` with no name: memfd on Linux, else a temp file unlinked at once."""
+    """A zero-filled shared file of `nbytes` with no name: memfd on Linux, else a temp file unlinked at once.
+
+    The memfd's size is sealed (shrink, grow, and further seals): actors on this host get a writable descriptor of
+    it (seed/serving/shm_handover.py), and one `ftruncate` from any of them would otherwise end the learner with
+    SIGBUS at its next read of the slab. Writing the rows stays allowed: that is what the actors are for.
+    """
     if hasattr(os, "memfd_create"):
-        fd = os.memfd_create("seed-step-slab", 0)  # no MFD_CLOEXEC: the serving process inherits it
-    else:
-        fd, path = tempfile.mkstemp(prefix="seed-slab-")
-        os.unlink(path)
+        # no MFD_CLOEXEC: the serving process inherits it
+        fd = os.memfd_create("seed-step-slab", os.MFD_ALLOW_SEALING if _SIZE_SEALS else 0)
+        os.ftruncate(fd, nbytes)
+        if _SIZE_SEALS:
+            fcntl.fcntl(fd, fcntl.F_ADD_SEALS, _SIZE_SEALS)
+        return fd
+    fd, path = tempfile.mkstemp(prefix="seed-slab-")
+    os.unlink(path)
     os.ftruncate(fd, nbytes)
     return fd
 
