@@ -14,6 +14,7 @@ import torch
 
 from seed.config import LearnerConfig
 from seed.optimizer_stats import adam_step_fraction
+from seed.optimizers import clipped_lars
 from seed.unroll import TrainingBatch, Unroll
 
 OPTIMIZER_STATS_EVERY = 50  # train steps between samples of optimizer/adam_step_fraction
@@ -34,8 +35,15 @@ class StepResult:
     priorities: torch.Tensor | None = None
 
 
-def make_optimizer(agent: Any, config: LearnerConfig) -> torch.optim.Adam:
-    """The learner's optimizer (the same in the learner process and the training process)."""
+def make_optimizer(agent: Any, config: LearnerConfig) -> torch.optim.Optimizer:
+    """The learner's optimizer (the same in the learner process and the training process): --optimizer=adam
+    (the default) or clipped_lars (seed/optimizers.py), over `agent.network`'s parameters."""
+    if config.optimizer == "clipped_lars":
+        return clipped_lars(agent.network, lr=config.learning_rate, eta=config.lars_eta,
+                            weight_decay=config.weight_decay, momentum=config.momentum,
+                            warmup_steps=config.lars_warmup_steps, bn_bias_eta=config.lars_bn_bias_eta)
+    if config.optimizer != "adam":
+        raise ValueError(f"optimizer: got {config.optimizer!r}, expected adam or clipped_lars")
     # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
     return torch.optim.Adam(agent.network.parameters(), lr=config.learning_rate, eps=config.adam_epsilon,
                             betas=(config.adam_beta1, 0.999), foreach=True)
