@@ -135,9 +135,20 @@ class LearnerConfig(EnvOptions, TransportOptions):
     # Optimisation (shared).
     batch_size: int = _field(32, "Unrolls per training batch.")
     unroll_length: int = _field(100, "Trained steps per unroll (each unroll stores burn_in + unroll_length + 1 steps).")
-    learning_rate: float = _field(4.8e-4, "Adam learning rate.")
+    learning_rate: float = _field(4.8e-4, "Learning rate (Adam's, or Clipped LARS's base rate gamma).")
     adam_epsilon: float = _field(1e-7, "Adam epsilon.")
     adam_beta1: float = _field(0.9, "Adam beta1.")
+    optimizer: str = _field("adam", "adam, or clipped_lars: SpeedyZero's momentum SGD with the LARS trust ratio "
+                                    "clipped to <= 1 per weight tensor, biases and norm layers excluded "
+                                    "(seed/optimizers.py).")
+    lars_eta: float = _field(1e-3, "clipped_lars: trust coefficient eta of the weight tensors.")
+    lars_bn_bias_eta: float = _field(0.0, "clipped_lars: eta of biases and norm-layer parameters; 0 = plain "
+                                          "momentum SGD for them (SpeedyZero's appendix A.3 uses 0.05).")
+    weight_decay: float = _field(1e-4, "clipped_lars: weight decay beta of the weight tensors (not of biases and "
+                                       "norm layers).")
+    momentum: float = _field(0.9, "clipped_lars: momentum mu.")
+    lars_warmup_steps: int = _field(0, "clipped_lars: the first N optimizer steps are plain momentum SGD with weight "
+                                       "decay (SpeedyZero's warm start), the clipped trust ratio applies after.")
     grad_clip_norm: float = _field(0.0, "Global gradient-norm clip; 0 = off.")
     discounting: float = _field(0.99, "Discount factor.")
     queue_capacity: int = _field(0, "Completed unrolls the FIFO queue holds before inference blocks; 0 = batch_size.")
