@@ -82,10 +82,12 @@ setup(
         "tensorboard",
         "matplotlib",
         "pyyaml",  # seed-bench configurations and seed-report price tables
+        "psutil",  # MemAvailable for the R2D2 replay size check (seed/replay.py)
+        "lz4",  # --compression=lz4 of remote actors (seed/compression.py, imported by every actor)
     ],
     extras_require={
         "atari": ["ale-py>=0.12", "opencv-python-headless"],
-        "football": ["gym==0.25.2", "six", "psutil"],
+        "football": ["gym==0.25.2", "six"],
         # seed-eval --video: imageio writes the frames, imageio-ffmpeg ships an ffmpeg binary for MP4, pygame
         # draws gymnasium's classic-control screens (CartPole's rgb_array render).
         "video": ["imageio", "imageio-ffmpeg", "pygame"],

@@ -1,23 +1,29 @@
 """The wheel is the whole product: built from a clean copy of the sources, installed (not editable) into a
 fresh virtual environment, and run from a directory outside the repository, it has every module (R2D2
 included), its data files, working console scripts, and seed-bench / seed-report that write where their
-flags say.
+flags say; every agent (V-trace, R2D2, PPO) trains with a real learner and actor.
 
-The virtual environment sees the system's site-packages (torch, grpc, ... are not downloaded), so it also
-sees any editable `seed` installed there; the checks assert that the venv's own copy is the one imported.
+The virtual environment does not see the system's site-packages: it holds torch (installed first, from the
+Makefile's TORCH_SPEC, so that no CUDA build is pulled), the wheel and the `atari` extra with the
+dependencies they declare, and nothing else. A module the runtime imports but setup.py does not declare (psutil
+once: R2D2 died at start on a plain install) fails here, whatever the machine running the tests has installed.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from tests.conftest import REPO
+from seed import checkpoint
+from tests.conftest import REPO, read_metrics, wait_for
 
 pytestmark = pytest.mark.wheel
 
@@ -66,6 +72,16 @@ def run(cmd: list[str], cwd: str, timeout: float, env: dict[str, str] | None = N
     return completed
 
 
+def torch_requirement() -> list[str]:
+    """pip's arguments for torch: $TORCH_SPEC (what `make install TORCH_SPEC=...` was given) or the Makefile's
+    default. A bare `torch` from the wheel's requirements would pull the CUDA build (several GB)."""
+    spec = os.environ.get("TORCH_SPEC")
+    if not spec:
+        with open(os.path.join(REPO, "Makefile")) as f:
+            spec = re.search(r"^TORCH_SPEC \?= (.+)$", f.read(), re.MULTILINE).group(1)
+    return shlex.split(spec)
+
+
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
     """(venv bin directory, venv site-packages, an empty working directory outside the repository, env)."""
@@ -89,13 +105,13 @@ def installed(tmp_path_factory):
     wheels = list(dist.glob("seed_rl_torch-*.whl"))
     assert len(wheels) == 1, os.listdir(dist)
     venv = root / "venv"
-    # --without-pip: no ensurepip needed (Debian's python3 lacks it without python3-venv); the system's pip is
-    # visible through --system-site-packages and installs into the venv when the venv's python runs it.
-    run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", venv], cwd=str(root), timeout=120)
+    # Isolated from the system's site-packages; --without-pip: no ensurepip needed (Debian's python3 lacks it
+    # without python3-venv), the system's pip installs into the venv through --python.
+    run([sys.executable, "-m", "venv", "--without-pip", venv], cwd=str(root), timeout=120)
     bin_dir = venv / "bin"
-    # --ignore-installed: an editable seed-rl-torch on the system site must neither satisfy nor be uninstalled.
-    run([bin_dir / "python", "-m", "pip", "install", "--no-deps", "--no-index", "--ignore-installed", "--quiet",
-         wheels[0]], cwd=str(root), timeout=120)
+    pip = [sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--quiet"]
+    run(pip + torch_requirement(), cwd=str(root), timeout=600)
+    run(pip + [f"{wheels[0]}[atari]"], cwd=str(root), timeout=600)
     site = run([bin_dir / "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                cwd=str(root), timeout=60).stdout.strip()
     work = root / "work"
@@ -112,6 +128,9 @@ def test_wheel_has_every_module_and_data_file(installed):
     # The venv's own copy, not an editable install of the checkout that the system site may hold.
     outside = {name: path for name, path in modules.items() if not path.startswith(site + os.sep)}
     assert not outside, outside
+    # Isolated: nothing of the system's site-packages (here pytest, of the test extra) is importable.
+    run([bin_dir / "python", "-c", "import importlib.util; assert importlib.util.find_spec('pytest') is None"],
+        cwd=work, timeout=60, env=env)
     expected = source_modules()
     assert "seed.agents.r2d2.agent" in expected and "seed.bench.cli" in expected
     assert sorted(expected - set(modules)) == []  # nothing of the source tree left out of the wheel
@@ -154,3 +173,51 @@ def test_bench_and_report_run_outside_the_repository(installed):
     assert os.path.getsize(os.path.join(work, "curves", "curves_gym_CartPole-v1.png")) > 1000
     # Nothing was written to the working directory but what the flags named.
     assert sorted(os.listdir(work)) == ["curves", "eval.json", "report.md", "report.png", "results", "runs"]
+
+
+# Flags beyond `--agent` that make each agent's first training step come within seconds on CartPole: R2D2 starts
+# training after 32 sequences in replay instead of its CartPole default of 100.
+AGENT_FLAGS = {"vtrace": [], "r2d2": ["--replay_min_size=32"], "ppo": []}
+
+
+@pytest.mark.parametrize("agent", sorted(AGENT_FLAGS))
+def test_every_agent_trains_from_a_plain_install(installed, tmp_path, agent):
+    """`seed-learner --agent=<agent>` and one `seed-actor` on CartPole, from the venv that holds only the wheel,
+    the atari extra and what they declare (the defaults: the training process and the shared-memory actor path):
+    the learner makes training steps, and both processes exit with status 0 on SIGTERM."""
+    bin_dir, site, work, env = installed
+    logdir = tmp_path / "run"
+    address = f"unix:{logdir}/learner.sock"
+    common = ["--env=gym:CartPole-v1", f"--server_address={address}"]
+    started = []
+    try:
+        for name, command in (
+                ("learner", [bin_dir / "seed-learner", f"--agent={agent}", *common, f"--logdir={logdir}",
+                             "--num_actors=1", "--log_interval_s=1", "--torch_threads=1", *AGENT_FLAGS[agent]]),
+                ("actor", [bin_dir / "seed-actor", *common, "--actor_index=0"])):
+            with open(tmp_path / f"{name}.log", "wb") as log:
+                started.append(subprocess.Popen([str(c) for c in command], cwd=str(tmp_path), env=env, stdout=log,
+                                                stderr=subprocess.STDOUT))
+        learner, actor = started
+
+        def output() -> str:
+            return "\n".join(f"--- {name}:\n{(tmp_path / f'{name}.log').read_text(errors='replace')[-3000:]}"
+                             for name in ("learner", "actor"))
+
+        def trained() -> bool:
+            assert learner.poll() is None and actor.poll() is None, f"a process exited early\n{output()}"
+            rows = read_metrics(str(logdir))
+            return bool(rows) and rows[-1]["train_steps"] >= 1
+
+        wait_for(trained, 120, f"{agent}'s first training step", on_timeout=output)
+        for process in started:
+            process.send_signal(signal.SIGTERM)
+        assert [process.wait(timeout=60) for process in started] == [0, 0], output()
+    finally:
+        for process in started:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+    # SIGTERM's checkpoint holds the steps made (and loads as the learner's own resume would load it).
+    saved = checkpoint.latest(str(logdir))
+    assert saved is not None and saved[1]["counters"]["train_steps"] >= 1, output()
