@@ -125,6 +125,12 @@ class LearnerConfig(EnvOptions, TransportOptions):
     keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
                                            "reuse instead of mmap/munmap per training step (seed/host_memory.py).")
     # Network.
+    training_process_timeout_s: float = _field(60.0, "--training_process: the training process counts as hung (the "
+                                                     "learner dumps its stacks, kills it and exits non-zero) "
+                                                     "when it waits for a command without reporting, or holds "
+                                                     "the parameter lock, this long, or when an update takes "
+                                                     "longer than this and 10x the slowest update so far (the "
+                                                     "first update: 5x this).")
     network: str = _field("auto", "mlp, impala_deep, nature, dqn_small, football or football_small; auto = mlp "
                                   "for vectors, else the agent's "
                                   "image network.")

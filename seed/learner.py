@@ -305,10 +305,16 @@ class Learner:
             raise RuntimeError(f"training process update: got version {version}, expected {self.metrics.train_steps}"
                                " (the learner's count of updates)")
         start = time.perf_counter()
-        with self.training_process.lock:
-            for inference in self.inferences:
-                inference.publish(self.training_process.parameters, version=version)
+        # The label is the one written with the weights: the child may have written update version + 1 since.
+        published = self.training_process.read_parameters(self._publish_to_inference)
+        if published < version:
+            raise RuntimeError(f"training process parameters: got version {published}, expected >= {version} (an "
+                               "update's parameters are written before it is reported)")
         self.metrics.record_value("training_process/publish_to_inference_ms", (time.perf_counter() - start) * 1e3)
+
+    def _publish_to_inference(self, parameters: dict[str, torch.Tensor], version: int) -> None:
+        for inference in self.inferences:
+            inference.publish(parameters, version=version)
 
     def run(self) -> dict[str, Any]:
         """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary."""

@@ -87,6 +87,7 @@ def validate(config: LearnerConfig) -> None:
         ("burn_in", config.agent == "r2d2" or config.burn_in == 0,
          f"0 for --agent={config.agent} (burn-in is an R2D2 setting; this agent would train on its padding)"),
         ("keep_checkpoints", config.keep_checkpoints >= 1, ">= 1"),
+        ("training_process_timeout_s", config.training_process_timeout_s > 0, "> 0"),
     ]
     checks += [
         ("sync", config.sync in ("hts", "async"), "hts or async"),

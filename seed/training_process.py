@@ -4,17 +4,22 @@ learner's inference thread needs.
     learner process                                      training process (spawned)
       prefetcher: time-major batches  --feeder thread-->   batch slots (shared memory, `depth` of them)
                                       ("batch", slot) ->   train_on_batch on the slot's tensors, in place
-      main thread: metrics, publish  <- ("step", slot,     parameters (shared memory, under `lock`)
-                   to inference          version, values)
+      main thread: metrics, publish  <- ("step", slot,     parameters and their version (shared memory,
+                   to inference          version, values)  under a record lock)
       checkpoint                      ("state",) ------>   agent and optimizer state dicts, pickled back
 
-Parameters travel through one shared copy of the network's state dict: the training process writes it under
-`lock` after every update, the learner's main thread reads it under the same lock into each inference device's
-staging (seed/parameters.py) when the update's message arrives. Batch slots are allocated from the first batch
-(its fields and shapes are what every later batch must have) and handed to the child once.
+Parameters travel through one shared copy of the network's state dict (seed/shared_parameters.py): the training
+process writes it and its version under a record lock after every update, the learner's main thread reads both
+under the same lock into each inference device's staging (seed/parameters.py) when an update's message arrives,
+so inference is told exactly the version of the weights it got. The kernel releases that lock when its holder
+dies. Batch slots are allocated from the first batch (its fields and shapes are what every later batch must have)
+and handed to the child once.
 
-The child ends when its command pipe closes (the learner exited, however), and the learner ends loudly when the
-child dies: `receive` raises `TrainingProcessDied` with its exit code, and the child's traceback is on stderr.
+The child ends when its command pipe closes, and the kernel kills it when the learner dies (a parent-death
+signal: a stuck child cannot act on anything else). The learner ends loudly when the child dies (`receive`
+raises `TrainingProcessDied` with its exit code; the child's traceback is on stderr), dies halfway through
+writing the parameters, or stops getting on (seed/training_liveness.py: past its own deadline, the child is
+hung; its stacks are dumped to stderr, it is killed and `TrainingProcessHung` raised).
 R2D2's replay stays in the learner process: the feeder samples it, sends each batch's importance weights with
 its slot, and keeps the slot's replay indices and generations; the child returns the new priorities with the
 update, and the learner's main thread writes them into the replay (`TrainingUpdate`).
@@ -23,10 +28,13 @@ update, and the learner's main thread writes them into the replay (`TrainingUpda
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import io
+import math
 import os
 import queue
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -36,11 +44,14 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from seed import training_liveness as liveness
 from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
 from seed.parameters import copy_tensors
+from seed.shared_parameters import ParametersHalfWritten, SharedParameters
 from seed.supervisor import SupervisedThread
 from seed.training import make_optimizer, train_on_batch
+from seed.training_liveness import TrainingFault, TrainingProgress, die_with_parent, step_allowance_s
 from seed.unroll import TrainingBatch, Unroll
 
 _STATE_TIMEOUT_S = 120.0  # longest wait for the child's state dicts (a checkpoint)
@@ -69,6 +80,10 @@ class TrainingProcessDied(RuntimeError):
     """The training process exited while the learner ran (its traceback, if it raised, is on stderr)."""
 
 
+class TrainingProcessHung(TrainingProcessDied):
+    """The training process missed its deadline (seed/training_liveness.py); the learner killed it."""
+
+
 def _copy_parameters(targets: dict[str, torch.Tensor], network: torch.nn.Module) -> None:
     """The network's state dict (any device) into the shared host copy."""
     with torch.no_grad():
@@ -91,13 +106,16 @@ def from_bytes(data: bytes) -> tuple[dict, dict]:
 
 
 def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, train_steps: int,
-                parameters: dict[str, torch.Tensor], lock, commands, results) -> None:
+                parameters: SharedParameters, progress: TrainingProgress, learner_pid: int, commands,
+                results) -> None:
     """The training process: trains on each batch slot it is sent and publishes after every update."""
+    die_with_parent(learner_pid)
     from seed.agents import agent_module
     from seed.host_memory import keep_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop (Ctrl-C reaches the group)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    faulthandler.register(signal.SIGUSR2, all_threads=True)  # the learner asks for our stacks when we hang
     torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
     if config.keep_freed_memory:
         keep_freed_memory()
@@ -109,9 +127,29 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
     agent.to(device)
     optimizer = make_optimizer(agent, config)
     optimizer.load_state_dict(optimizer_state)  # moves the moments to the parameters' device
+    timeout_s = config.training_process_timeout_s
+    fault = TrainingFault.from_environment()
+    slowest_update_s = 0.0
+    lock_waits_reported = set()
+
+    def wait_for_learner(waited_s: float) -> None:
+        """While the learner holds the parameter lock: it is alive (else the kernel would have released the lock
+        and killed us), so wait; say so once after `timeout_s`."""
+        if os.getppid() != learner_pid:  # no parent-death signal on this platform
+            print(f"[training process] the learner (pid {learner_pid}) is gone: exiting", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
+        if waited_s >= timeout_s and train_steps not in lock_waits_reported:
+            lock_waits_reported.add(train_steps)
+            print(f"[training process] update {train_steps}: waiting {waited_s:.0f} s for the parameter lock, held "
+                  f"by the learner (pid {learner_pid})", file=sys.stderr, flush=True)
+
     slots: list[Unroll] = []
     while True:
+        progress.report(liveness.IDLE, train_steps, timeout_s)
         try:
+            if not commands.poll(liveness.REPORT_INTERVAL_S):
+                continue
             command = commands.recv()
         except EOFError:  # the learner is gone
             return
@@ -120,26 +158,40 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
             slots = command[1]
         elif kind == "batch":
             _, slot, importance_weights = command
+            progress.report(liveness.TRAINING, train_steps + 1, step_allowance_s(timeout_s, slowest_update_s))
+            if fault.due("step_hangs", train_steps + 1):
+                fault.sleep_forever("training process")
             start = time.perf_counter()
             weights = None if importance_weights is None else torch.from_numpy(importance_weights).to(device)
             result = train_on_batch(agent, optimizer, TrainingBatch(slots[slot].to(device), weights), config,
                                     train_steps)
             if not result.trained:
+                progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
                 results.send(("dropped", slot))
                 continue
-            step_ms = (time.perf_counter() - start) * 1e3
             train_steps += 1
             agent.after_update(train_steps)
-            publish_start = time.perf_counter()
-            with lock:
-                _copy_parameters(parameters, agent.network)
-            result.values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
-            result.values["training_process/step_ms"] = step_ms
+            step_s = time.perf_counter() - start
+            slowest_update_s = max(slowest_update_s, step_s)
+            result.values["training_process/step_ms"] = step_s * 1e3
             priorities = (None if result.priorities is None
                           else result.priorities.detach().cpu().double().numpy())
+            progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
+            publish_start = time.perf_counter()
+            with parameters.writing(train_steps, wait_for_learner) as shared:
+                progress.report(liveness.COPYING, train_steps, timeout_s)
+                _copy_parameters(shared, agent.network)
+                if fault.due("child_dies_writing", train_steps):
+                    results.send(("step", slot, train_steps, result.values, priorities))
+                    fault.sleep_forever("training process")
+            result.values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
+            progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
             results.send(("step", slot, train_steps, result.values, priorities))
         elif kind == "state":
-            results.send(("state", to_bytes(agent.state_dict(), optimizer.state_dict())))
+            progress.report(liveness.WRITING_STATE, train_steps, timeout_s)
+            state = to_bytes(agent.state_dict(), optimizer.state_dict())
+            progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
+            results.send(("state", state))
         elif kind == "stop":
             return
         else:
@@ -163,16 +215,17 @@ class TrainingProcess:
                  train_steps: int, next_batch: Callable[[float], TrainingBatch | None], stop: threading.Event,
                  depth: int = 2):
         self._context = mp.get_context("spawn")
-        self.parameters = {name: tensor.detach().to("cpu", copy=True).share_memory_()
-                           for name, tensor in agent.network.state_dict().items()}
-        self.lock = self._context.Lock()
+        self.parameters = SharedParameters(agent.network.state_dict(), train_steps)
+        self.timeout_s = config.training_process_timeout_s
+        self.progress = TrainingProgress(self.timeout_s)
+        self._fault = TrainingFault.from_environment()
         child_commands, self._commands = self._context.Pipe(duplex=False)  # (receive end, send end)
         self._results, child_results = self._context.Pipe(duplex=False)
         self._child_ends = (child_commands, child_results)
         self.process = self._context.Process(
             target=_child_main, name="seed-training",
             args=(config, spec, to_bytes(agent.state_dict(), optimizer.state_dict()), train_steps, self.parameters,
-                  self.lock, child_commands, child_results),
+                  self.progress, os.getpid(), child_commands, child_results),
             daemon=True)
         self._next_batch = next_batch
         self._stop = stop
@@ -191,6 +244,9 @@ class TrainingProcess:
         self.feeder = SupervisedThread(self._feed, "training-feeder")
 
     def start(self) -> None:
+        """Starts the child and the feeder. The child dies with the thread that calls this (its parent-death
+        signal): call it from the thread that outlives the child (the learner's run)."""
+        self.progress.report(liveness.STARTING, 0, liveness.FIRST_UPDATE_FACTOR * self.timeout_s)
         self.process.start()
         # Our copies of the child's pipe ends: closed, so that the child's exit reads as EOF here and ours there.
         for end in self._child_ends:
@@ -279,7 +335,58 @@ class TrainingProcess:
                 # (the updates recorded so far) are exactly its state's.
                 self._states.append(from_bytes(message[1]))
                 break
+        self._check_progress()
         return updates
+
+    def read_parameters(self, publish: Callable[[dict[str, torch.Tensor], int], None]) -> int:
+        """Main thread: calls `publish(parameters, version)` with the newest parameters the child wrote and their
+        version, under the parameter lock (the child waits for it to write its next update); returns the version.
+        Raises TrainingProcessDied if the child died halfway through writing them, TrainingProcessHung if it holds
+        the lock past its deadline."""
+        try:
+            with self.parameters.reading(self._waiting_for_lock) as (parameters, version):
+                if self._fault.due("learner_holds_lock", version):
+                    self._fault.sleep_forever("learner")
+                publish(parameters, version)
+        except ParametersHalfWritten as error:
+            self.process.join(timeout=5)
+            raise TrainingProcessDied(
+                f"training process (pid {self.process.pid}) died while writing the parameters of update "
+                f"{error.version + 1} (exit code {self.process.exitcode}): the shared copy is half-written, nothing "
+                "of it was published") from None
+        return version
+
+    def _waiting_for_lock(self, waited_s: float) -> None:
+        self._check_progress()
+        if waited_s > self.timeout_s:  # a copy takes milliseconds; the child's own deadline should have come first
+            self._end_hung(f"holding the parameter lock for {waited_s:.1f} s")
+
+    def _check_progress(self) -> None:
+        """Raises TrainingProcessHung (after killing the child) if the child is past its deadline."""
+        if self.process.pid is None or self._stopped:
+            return
+        reason = self.progress.overdue()
+        if reason is not None:
+            if not self.process.is_alive():
+                self.process.join(timeout=5)
+                raise TrainingProcessDied(f"training process exited with code {self.process.exitcode} while the "
+                                          f"learner ran (its traceback, if any, is above)")
+            self._end_hung(reason)
+
+    def _end_hung(self, reason: str) -> None:
+        pid = self.process.pid
+        print(f"[learner] the training process (pid {pid}) is hung: {reason}. Its threads' stacks follow, then it is "
+              "killed.", file=sys.stderr, flush=True)
+        try:
+            os.kill(pid, signal.SIGUSR2)  # faulthandler in the child: every thread's stack to stderr
+            time.sleep(1.0)
+        except ProcessLookupError:
+            pass
+        self.process.kill()
+        self.process.join(timeout=5)
+        raise TrainingProcessHung(f"training process (pid {pid}) hung: {reason}; limit from "
+                                  f"--training_process_timeout_s={self.timeout_s:g}; killed it (exit code "
+                                  f"{self.process.exitcode})")
 
     def state(self, on_updates: Callable[[list[TrainingUpdate]], None]) -> tuple[dict, dict]:
         """(agent state dict, optimizer state dict) of the child as of now; updates that arrive meanwhile go to
