@@ -12,6 +12,8 @@ cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) 
 call's metadata (seed/transport/). With --transport=shm (or auto, the default, when --server_address is a unix
 socket and the learner offers it) the actor attaches to the learner's step slab instead and its steps skip
 protobuf and gRPC (seed/shm_actor_link.py); handshake, token, superseded runs and reconnection are the same.
+With --compression=lz4 over TCP the actor asks for lz4 in its handshake and, if the learner grants it,
+compresses every step's observations (seed/compression.py); on a unix socket it sends them raw.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from collections.abc import Callable, Iterator
 import grpc
 import numpy as np
 
-from seed import wire
+from seed import compression, wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.actor_stats import ActorStats
 from seed.config import ActorConfig
@@ -80,11 +82,36 @@ class ReconnectBackoff:
         return delay
 
 
-def step_message(step: BatchStep) -> seed_pb2.ActorMessage:
-    """The StepBatch message of K envs' step: frames [K, *obs], rewards as float32, done/truncated flags [K],
-    the episodes that ended, and the send time (unix seconds)."""
+def asked_compression(config: ActorConfig) -> str:
+    """The codec this actor asks the learner for: --compression, except on a unix socket (the learner's host,
+    where compression only costs CPU), which is said once. Raises TransportConfigError for an unknown codec."""
+    try:
+        codec = compression.check_codec(config.compression)
+    except ValueError as error:
+        raise TransportConfigError(str(error)) from None
+    if codec != compression.NONE and config.server_address.startswith(("unix:", "unix-abstract:")):
+        print(f"[actor {config.actor_index}] --compression={codec} ignored: {config.server_address} is a unix "
+              "socket on the learner's host (compression only pays across a network)", flush=True)
+        return compression.NONE
+    return codec
+
+
+def granted_compression(config: ActorConfig, asked: str, reply: seed_pb2.HandshakeReply) -> str:
+    """The codec of this connection's observations: what the learner's reply granted (never more than asked)."""
+    granted = reply.compression or compression.NONE
+    if granted not in (asked, compression.NONE):
+        raise ConfigurationError(f"handshake_reply.compression: got {reply.compression!r}, expected {asked!r} or ''")
+    if granted != asked:
+        print(f"[actor {config.actor_index}] the learner did not grant --compression={asked}; sending raw "
+              "observations", flush=True)
+    return granted
+
+
+def step_message(step: BatchStep, codec: str = compression.NONE) -> seed_pb2.ActorMessage:
+    """The StepBatch message of K envs' step: frames [K, *obs] (compressed with `codec`, see seed/compression.py),
+    rewards as float32, done/truncated flags [K], the episodes that ended, and the send time (unix seconds)."""
     return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
-        observation=wire.encode_tensor(step.observation),
+        observation=compression.encode_tensor(step.observation, codec),
         reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
         done=wire.encode_tensor(step.done),
         truncated=wire.encode_tensor(step.truncated),
@@ -128,6 +155,8 @@ class Actor:
         self.spec = self.envs.spec
         self.security = TransportSecurity.from_config(config)
         self.shm_path = _shm_path(config, self.security)
+        self.asked_compression = asked_compression(config)
+        self.compression = compression.NONE  # of the current connection, as the learner granted it
         self.transport = ""  # of the current connection: grpc or shm
         self.agent_steps = 0
         self.latencies_s: list[float] = []  # round trips of the current log window
@@ -222,7 +251,8 @@ class Actor:
 
     def _handshake(self, run_id: int) -> seed_pb2.Handshake:
         return seed_pb2.Handshake(actor_index=self.config.actor_index, run_id=run_id,
-                                  num_envs=self.config.envs_per_actor, spec=wire.spec_to_proto(self.spec))
+                                  num_envs=self.config.envs_per_actor, spec=wire.spec_to_proto(self.spec),
+                                  compression=self.asked_compression)
 
     def _run_connection(self) -> None:
         run_id = random.SystemRandom().getrandbits(63)
@@ -277,11 +307,13 @@ class Actor:
 
     def _serve(self, stream: _Stream, run_id: int) -> None:
         reply = stream.call(seed_pb2.ActorMessage(handshake=self._handshake(run_id)))
-        self._connected(reply.handshake_reply.first_env_id, run_id, "grpc")
+        self.compression = codec = granted_compression(self.config, self.asked_compression, reply.handshake_reply)
+        self._connected(reply.handshake_reply.first_env_id, run_id,
+                        "grpc" if codec == compression.NONE else f"grpc+{codec}")
         k = self.config.envs_per_actor
 
         def exchange(step: BatchStep) -> np.ndarray:
-            reply = stream.call(step_message(step))
+            reply = stream.call(step_message(step, codec))
             return wire.decode_tensor(reply.actions.action, "actions.action", "int32", (k,))
 
         self._step_loop(exchange)

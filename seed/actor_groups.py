@@ -31,7 +31,7 @@ import numpy as np
 
 from seed import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor import Actor, ConfigurationError, SupersededError, _Stream, step_message
+from seed.actor import Actor, ConfigurationError, SupersededError, _Stream, granted_compression, step_message
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch, EnvSpec
@@ -174,9 +174,11 @@ class GroupedActor(Actor):
         for slot, stream, run_id in zip(self.slots, streams, run_ids, strict=True):
             stream.send(seed_pb2.ActorMessage(handshake=seed_pb2.Handshake(
                 actor_index=slot.stream_index, run_id=run_id, num_envs=slot.num_envs,
-                spec=wire.spec_to_proto(self.spec))))
+                spec=wire.spec_to_proto(self.spec), compression=self.asked_compression)))
         for slot, stream in zip(self.slots, streams, strict=True):
-            first = self._receive(slot, stream).handshake_reply.first_env_id
+            reply = self._receive(slot, stream).handshake_reply
+            self.compression = granted_compression(self.config, self.asked_compression, reply)
+            first = reply.first_env_id
             if first != slot.first_env_id:
                 raise ConfigurationError(f"handshake_reply.first_env_id: got {first}, expected {slot.first_env_id} "
                                          f"for env group {slot.group} of --actor_index={config.actor_index}")
@@ -191,7 +193,7 @@ class GroupedActor(Actor):
         for group, stream in zip(self.envs.groups, streams, strict=True):
             k = group.num_envs
             stream.send(step_message(BatchStep(group.reset(), np.zeros(k, np.float32), np.zeros(k, bool),
-                                               np.zeros(k, bool), [])))
+                                               np.zeros(k, bool), []), self.compression))
             sent.append(time.perf_counter())
         last_log, steps_at_last_log, waited_at_last_log = time.monotonic(), self.agent_steps, self.stats.waited_s
         while not self.stop.is_set():
@@ -202,7 +204,7 @@ class GroupedActor(Actor):
                 latency = received - sent[g]
                 actions = wire.decode_tensor(reply.actions.action, "actions.action", "int32", (slot.num_envs,))
                 step = group.step(actions)
-                stream.send(step_message(step))
+                stream.send(step_message(step, self.compression))
                 sent[g] = time.perf_counter()
                 self.agent_steps += slot.num_envs
                 self.latencies_s.append(latency)

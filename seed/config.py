@@ -87,6 +87,9 @@ class ActorConfig(EnvOptions, TransportOptions):
                                     "learner's host: the actor writes the learner's shared step slab itself, "
                                     "no protobuf or gRPC per step); auto = shm when the address is a unix socket "
                                     "and the learner offers it (see --shm_actors), else grpc.")
+    compression: str = _field("none", "none or lz4: compress each step's observations for a learner on another "
+                                      "host (agreed at the handshake; the learner decompresses them once). Ignored "
+                                      "on a unix socket and the shared-memory path, where it only costs CPU.")
 
 
 @dataclasses.dataclass

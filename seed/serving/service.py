@@ -6,6 +6,9 @@ actor's rows of the step slab, notifies the actor's inference device and waits o
 the reply in the slab. All of this happens outside the learner process, so decoding never competes with
 inference or training for the learner's GIL.
 
+An actor on another host may ask for lz4-compressed observations (seed/compression.py); the service grants it
+on TCP connections only and decompresses each observation once here, bounded by the expected size.
+
 A malformed message ends only that actor's stream (INVALID_ARGUMENT naming the field, the value received
 and the value expected); a request of an actor run that a newer handshake for its index superseded ends with
 FAILED_PRECONDITION (`wire.SUPERSEDED`), which tells a still-live actor to exit; the other actors never notice.
@@ -21,7 +24,7 @@ from collections.abc import Callable, Iterator
 import grpc
 import numpy as np
 
-from seed import wire
+from seed import compression, wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs.base import EnvSpec
 from seed.serving import notify
@@ -90,11 +93,27 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             return f"num_envs: got {handshake.num_envs}, expected {self.envs_per_actor} (--envs_per_actor)"
         if handshake.run_id == 0:
             return "run_id: got 0, expected a nonzero random id drawn at actor start"
+        try:
+            compression.check_codec(handshake.compression, "compression")
+        except ValueError as error:
+            return str(error)
         return wire.spec_mismatch(wire.spec_from_proto(handshake.spec), self.spec)
 
-    def _decode(self, step: seed_pb2.StepBatch, shape: tuple[int, ...]) -> tuple[np.ndarray, ...]:
+    def grant_compression(self, handshake: seed_pb2.Handshake, context: grpc.ServicerContext) -> str:
+        """The codec this stream's observations may use: the one asked for (checked by check_handshake), except on
+        a unix socket, where compression only costs CPU (the actor is told none in the reply)."""
+        asked = compression.check_codec(handshake.compression)
+        if asked != compression.NONE and context.peer().startswith("unix:"):
+            print(f"[learner] actor {handshake.actor_index} asked for --compression={asked} over a unix socket; "
+                  "sending observations raw (compression only pays across a network)", flush=True)
+            return compression.NONE
+        return asked
+
+    def _decode(self, step: seed_pb2.StepBatch, shape: tuple[int, ...], codec: str = compression.NONE
+                ) -> tuple[np.ndarray, ...]:
         k = self.envs_per_actor
-        observation = wire.decode_tensor(step.observation, "step.observation", self.spec.observation_dtype, shape)
+        observation = compression.decode_tensor(step.observation, "step.observation", self.spec.observation_dtype,
+                                                shape, codec)
         reward = wire.decode_tensor(step.reward, "step.reward", "float32", (k,))
         done = wire.decode_tensor(step.done, "step.done", "bool", (k,))
         truncated = wire.decode_tensor(step.truncated, "step.truncated", "bool", (k,))
@@ -209,9 +228,11 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         if handshake is None:
             return
         actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
-        first_env_id = self.register(handshake, "grpc")
-        yield seed_pb2.LearnerMessage(
-            handshake_reply=seed_pb2.HandshakeReply(first_env_id=first_env_id, learner_run=self.learner_run))
+        codec = self.grant_compression(handshake, context)
+        first_env_id = self.register(handshake, "grpc" if codec == compression.NONE else f"grpc+{codec}")
+        yield seed_pb2.LearnerMessage(handshake_reply=seed_pb2.HandshakeReply(
+            first_env_id=first_env_id, learner_run=self.learner_run,
+            compression="" if codec == compression.NONE else codec))
 
         observation_shape = (num_envs, *self.spec.observation_shape)
         for message in request_iterator:
@@ -219,7 +240,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             if kind != "step":
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"message: got {kind}, expected step")
             try:
-                arrays = self._decode(message.step, observation_shape)
+                arrays = self._decode(message.step, observation_shape, codec)
             except wire.WireError as error:
                 context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"actor {actor}: {error}")
             actions = self._infer(actor, run_id, arrays, context)

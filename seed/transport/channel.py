@@ -12,10 +12,24 @@ from seed.transport.security import TransportSecurity
 # costs nothing; the actor's own backoff between streams (--reconnect_max_backoff_s) still applies on top.
 RECONNECT_BACKOFF_MS = {"initial": 100, "min": 100, "max": 1000}
 
+
+# A connection whose peer went silent (a partition, a powered-off host) is only noticed by TCP when a
+# retransmission finally fails, minutes later; and once the link is back, the stalled connection resumes only at
+# its next retransmission, which backs off exponentially (a 15 s partition measured 15 s of extra stall). So the
+# channel pings the learner every KEEPALIVE_TIME_MS, also while a step waits for its reply, and closes the
+# connection when a ping is not answered within KEEPALIVE_TIMEOUT_MS: the stream fails (UNAVAILABLE), and the
+# actor dials again at least every RECONNECT_BACKOFF_MS["max"] until the learner answers, so it is back within
+# about a second of the link returning. Pings are answered by gRPC's transport thread, not Python code, so a
+# busy learner still answers them; the server accepts pings this often (seed/transport/server.py).
+KEEPALIVE_TIME_MS = 2_000
+KEEPALIVE_TIMEOUT_MS = 3_000
+
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["initial"]),
                    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["min"]),
-                   ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["max"])]
+                   ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["max"]),
+                   ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS), ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+                   ("grpc.http2.max_pings_without_data", 0)]  # keep pinging while a step waits for its reply
 
 
 def open_channel(address: str, security: TransportSecurity | None = None) -> grpc.Channel:

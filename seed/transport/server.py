@@ -19,8 +19,11 @@ from seed.transport.security import TransportSecurity, check_listen_security
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # receive limit until the caller computes one from the env spec
 GRPC_OPTIONS = [("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0)]  # server defaults; start_grpc_server sets the receive limit it is given
+# Actors ping every 2 s (seed/transport/channel.py KEEPALIVE_TIME_MS) to notice a partition quickly; a client
+# pinging more often than min_ping_interval_without_data_ms while the server sends nothing (a step waiting on a
+# busy learner) would be sent GOAWAY "too_many_pings" after two strikes, so the server allows every 1 s.
 SERVER_KEEPALIVE = [("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000),
-                    ("grpc.http2.min_ping_interval_without_data_ms", 5_000)]
+                    ("grpc.http2.min_ping_interval_without_data_ms", 1_000)]
 
 
 def start_grpc_server(servicer: seed_pb2_grpc.LearnerServicer, addresses: list[str], max_workers: int,

@@ -1,0 +1,148 @@
+#!/usr/bin/env bash
+# Hosts on one machine: network namespaces joined by veth links, for multi-host tests and benchmarks.
+#
+#   launch/netns.sh create NAME HOSTS [--p2p]   hosts NAME-1..NAME-HOSTS; host i has eth0 = SUBNET.i/24
+#   launch/netns.sh destroy NAME                power off every host, delete every namespace (and so every veth)
+#   launch/netns.sh exec NAME HOST CMD...       run CMD on host HOST (a number), e.g. a learner or actors
+#   launch/netns.sh addr NAME HOST              print host HOST's address
+#   launch/netns.sh rate NAME HOST RATE|off     tbf rate limit (e.g. 20mbit) on both directions of HOST's link
+#   launch/netns.sh link NAME HOST down|up      pull / plug HOST's cable (a partition of that host)
+#   launch/netns.sh loss NAME HOST PERCENT      drop PERCENT % (e.g. 1 or 0.5; 100 = partition; 0 = off) of
+#                                               packets in each direction of HOST's link (nftables numgen)
+#   launch/netns.sh poweroff NAME HOST          SIGKILL every process on HOST at once (the host loses power)
+#   launch/netns.sh bytes NAME HOST             print "rx_bytes tx_bytes" of HOST's eth0 (bytes on the wire)
+#
+# Topology: by default every host's eth0 is one end of a veth pair whose other end (port hI) sits on a bridge in
+# a switch namespace NAME-sw; with --p2p (two hosts) the two eth0 are the two ends of one veth pair. Nothing is
+# added to this machine's own network: every interface lives inside the namespaces, the namespaces have no route
+# anywhere else, and SUBNET (default 10.213.0, override with SEED_NETNS_SUBNET) is used only inside them, so
+# traffic can go only to the hosts' own addresses. There is no netem qdisc on every kernel: add delay with the
+# user-space relay (python -m seed.bench.tcp_relay) run on a host between the two. Needs root (CAP_NET_ADMIN,
+# CAP_SYS_ADMIN), iproute2, and nftables for `loss`.
+set -euo pipefail
+
+SUBNET=${SEED_NETNS_SUBNET:-10.213.0}
+
+usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+die() { echo "netns.sh: $*" >&2; exit 1; }
+
+host_ns() { echo "$1-$2"; }
+switch_ns() { echo "$1-sw"; }
+is_p2p() { ! ip netns list | grep -qx "$(switch_ns "$1")\( (id: [0-9]*)\)\?"; }
+check_host() {
+  [[ $2 =~ ^[0-9]+$ ]] || die "HOST: got '$2', expected a host number (1, 2, ...)"
+  ip netns list | grep -q "^$(host_ns "$1" "$2")\b" || die "HOST: got $2, expected a host of '$1' (no namespace $(host_ns "$1" "$2"))"
+}
+# The far end of HOST's cable: (namespace, interface) of the switch port, or the other host's eth0 with --p2p.
+peer_of() {
+  local name=$1 host=$2
+  if is_p2p "$name"; then echo "$(host_ns "$name" $((3 - host))) eth0"; else echo "$(switch_ns "$name") h$host"; fi
+}
+
+create() {
+  local name=${1:?NAME} hosts=${2:?HOSTS} p2p=${3:-}
+  [[ $hosts =~ ^[0-9]+$ && $hosts -ge 2 && $hosts -le 250 ]] || die "HOSTS: got '$hosts', expected 2..250"
+  [[ -z $p2p || ( $p2p == --p2p && $hosts == 2 ) ]] || die "--p2p: got '$p2p' with $hosts hosts, expected --p2p with 2 hosts"
+  # Interface names (at most 15 characters) are per namespace, so every host's interface can be eth0.
+  for i in $(seq 1 "$hosts"); do ip netns add "$(host_ns "$name" "$i")"; done
+  if [[ -n $p2p ]]; then
+    ip -n "$(host_ns "$name" 1)" link add eth0 type veth peer name eth0 netns "$(host_ns "$name" 2)"
+  else
+    local sw; sw=$(switch_ns "$name")
+    ip netns add "$sw"
+    ip -n "$sw" link add br0 type bridge
+    ip -n "$sw" link set br0 up
+    for i in $(seq 1 "$hosts"); do
+      ip -n "$(host_ns "$name" "$i")" link add eth0 type veth peer name "h$i" netns "$sw"
+      ip -n "$sw" link set "h$i" master br0 up
+    done
+  fi
+  for i in $(seq 1 "$hosts"); do
+    local ns; ns=$(host_ns "$name" "$i")
+    ip -n "$ns" addr add "$SUBNET.$i/24" dev eth0
+    ip -n "$ns" link set lo up
+    ip -n "$ns" link set eth0 up
+  done
+}
+
+poweroff() {
+  local ns; ns=$(host_ns "$1" "$2")
+  local pids; pids=$(ip netns pids "$ns" 2>/dev/null || true)
+  [[ -z $pids ]] && return 0
+  kill -KILL $pids 2>/dev/null || true
+  for _ in $(seq 1 100); do  # SIGKILL is delivered at once, but a process leaves the namespace only when reaped
+    [[ -z $(ip netns pids "$ns" 2>/dev/null || true) ]] && return 0
+    sleep 0.05
+  done
+  echo "netns.sh: processes still in $ns after SIGKILL: $(ip netns pids "$ns" | tr '\n' ' ')" >&2
+}
+
+destroy() {
+  local name=${1:?NAME}
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$name-"); do
+    [[ $ns == "$(switch_ns "$name")" ]] && continue
+    poweroff "$name" "${ns#"$name"-}" || true
+  done
+  # A namespace is freed with its last process; its veth ends (and their peers) go with it.
+  for ns in $(ip netns list | awk '{print $1}' | grep "^$name-"); do ip netns delete "$ns" || true; done
+}
+
+rate() {
+  local name=$1 host=$2 value=$3 ns peer_ns peer_dev
+  ns=$(host_ns "$name" "$host"); read -r peer_ns peer_dev <<<"$(peer_of "$name" "$host")"
+  for end in "$ns eth0" "$peer_ns $peer_dev"; do
+    read -r n dev <<<"$end"
+    if [[ $value == off ]]; then
+      ip netns exec "$n" tc qdisc del dev "$dev" root 2>/dev/null || true
+    else
+      # burst: one 64 KiB GSO packet must fit; latency bounds the queue (packets beyond it are dropped).
+      ip netns exec "$n" tc qdisc replace dev "$dev" root tbf rate "$value" burst 64kb latency 100ms
+    fi
+  done
+}
+
+link() {
+  local name=$1 host=$2 state=$3
+  [[ $state == up || $state == down ]] || die "STATE: got '$state', expected up or down"
+  if is_p2p "$name"; then
+    ip -n "$(host_ns "$name" "$host")" link set eth0 "$state"
+  else  # the cable is pulled at the switch: the host keeps its address and routes, as a real host would
+    ip -n "$(switch_ns "$name")" link set "h$host" "$state"
+  fi
+}
+
+loss() {
+  local name=$1 host=$2 percent=$3 ns per_mille
+  ns=$(host_ns "$name" "$host")
+  command -v nft >/dev/null || die "loss: needs nft (apt-get install nftables)"
+  per_mille=$(awk -v p="$percent" 'BEGIN { if (p !~ /^[0-9]*\.?[0-9]+$/ || p > 100) exit 1; printf "%d", p * 10 + 0.5 }') \
+    || die "PERCENT: got '$percent', expected a number in 0..100"
+  ip netns exec "$ns" nft delete table inet seed_loss 2>/dev/null || true
+  [[ $per_mille == 0 ]] && return 0
+  ip netns exec "$ns" nft -f - <<EOF
+table inet seed_loss {
+  chain input { type filter hook input priority 0; iifname "eth0" numgen random mod 1000 < $per_mille drop; }
+  chain output { type filter hook output priority 0; oifname "eth0" numgen random mod 1000 < $per_mille drop; }
+}
+EOF
+}
+
+bytes() {
+  local ns; ns=$(host_ns "$1" "$2")
+  echo "$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/rx_bytes)" \
+       "$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/tx_bytes)"
+}
+
+command=${1:-}; shift || true
+case $command in
+  create) create "$@" ;;
+  destroy) destroy "$@" ;;
+  exec) [[ $# -ge 3 ]] || usage; check_host "$1" "$2"; ns=$(host_ns "$1" "$2"); shift 2; exec ip netns exec "$ns" "$@" ;;
+  addr) [[ $# -eq 2 ]] || usage; check_host "$1" "$2"; echo "$SUBNET.$2" ;;
+  rate) [[ $# -eq 3 ]] || usage; check_host "$1" "$2"; rate "$@" ;;
+  link) [[ $# -eq 3 ]] || usage; check_host "$1" "$2"; link "$@" ;;
+  loss) [[ $# -eq 3 ]] || usage; check_host "$1" "$2"; loss "$@" ;;
+  poweroff) [[ $# -eq 2 ]] || usage; check_host "$1" "$2"; poweroff "$@" ;;
+  bytes) [[ $# -eq 2 ]] || usage; check_host "$1" "$2"; bytes "$@" ;;
+  *) usage ;;
+esac
