@@ -1,13 +1,14 @@
 """An actor's shared-memory link to a learner on its host: steps go straight into the learner's step slab.
 
 `ShmLink.connect` dials the learner's handover socket (`<unix socket>.shm`, seed/serving/shm_protocol.py),
-sends the same Handshake and token a gRPC stream would and receives the slab's memfd, the request pipe of its
-inference device and its own reply eventfd. Each `step` then does what the serving process's stream thread does
-for a gRPC actor (seed/serving/service.py), with the same slab protocol (seed/serving/slab.py):
+checks that its listener runs as this actor's user (or root), sends the same Handshake and token a gRPC stream
+would and receives the slab's memfd, the request pipe of its inference device and its own reply eventfd. Each
+`step` then does what the serving process's stream thread does for a gRPC actor (seed/serving/service.py), with
+the same slab protocol (seed/serving/slab.py):
 
   take the slot's cross-process lock  ->  check that this run is still the index's live run (else superseded)
   ->  finish a predecessor's unanswered request (notify it again, wait for its answer)  ->  write the K rows
-  (`StepSlab.write_request`)  ->  16 bytes on the request pipe  ->  wait for the eventfd, then read the reply
+  (`StepSlab.write_request`)  ->  a 16-byte packet on the request pipe  ->  wait for the eventfd, then read the reply
   status and K actions  ->  release the lock.
 
 No protobuf, no gRPC and no other process is on the step's path: one memcpy of the rows, one pipe write, one
@@ -24,6 +25,7 @@ import contextlib
 import os
 import select
 import socket
+import struct
 import threading
 import time
 
@@ -52,6 +54,21 @@ class ShmRejected(RuntimeError):
 
 class ShmSuperseded(RuntimeError):
     """A newer run of this actor index handshook while this one was alive."""
+
+
+def check_peer(sock: socket.socket, path: str) -> None:
+    """Raises ShmUnavailable unless the process listening on the handover socket runs as this actor's user or as
+    root (SO_PEERCRED: its credentials when it called listen()).
+
+    The learner's handover socket is mode 0600, so an actor of another user cannot connect to it anyway; but in a
+    directory others can write (/tmp), another user may have created `P.shm` first and be listening there. Root
+    is accepted as well: it can read this process's memory anyway, so the token tells it nothing new.
+    """
+    pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    if uid not in (os.getuid(), 0):
+        raise ShmUnavailable(f"handover socket {path}: peer uid: got {uid} (pid {pid}), expected this actor's uid "
+                             f"{os.getuid()} or root (0): another user listens there; the hello (with the token) "
+                             "was not sent")
 
 
 class ShmLink:
@@ -83,6 +100,7 @@ class ShmLink:
                 sock.connect(path)
             except (FileNotFoundError, ConnectionRefusedError) as error:
                 raise ShmUnavailable(f"handover socket {path}: {error.strerror}") from None
+            check_peer(sock, path)  # before the hello: it carries the token
             hello = {"metadata": [list(pair) for pair in metadata],
                      "handshake": base64.b64encode(handshake.SerializeToString()).decode()}
             shm_protocol.send_json(sock, hello)

@@ -9,14 +9,21 @@ thread per connection, never on a step's path:
 2. its Handshake goes through `SlabService.check_handshake`, the gRPC stream's check (actor index, K, run id,
    env spec), and `SlabService.register` makes its run the live one (a newer run of an index supersedes the
    older, whichever transport either uses);
-3. only then are the descriptors sent: the slab's memfd, the write end of the request pipe of the actor's
-   inference device and the actor's reply eventfd (created by the learner, one per actor index; the serving
-   process's gRPC streams of that index wait on the same one);
+3. only then are the descriptors sent: the slab's memfd (its size sealed: seed/serving/slab.py), the write end
+   of the request pipe of the actor's inference device (packet mode: seed/serving/notify.py) and the actor's
+   reply eventfd (created by the learner, one per actor index; the serving process's gRPC streams of that index
+   wait on the same one);
 4. afterwards the connection carries the actor's finished-episode stats, checked like a StepBatch's
    (`SlabService.check_episode`); a malformed one gets an error frame and the connection is closed.
 
 The learner refuses the path (no `P.shm` socket, so `--transport=auto` actors use gRPC) with
 `--shm_actors=false`, and when it requires mutual TLS: a TLS identity cannot be checked on this socket.
+
+`P.shm` may be taken: in a directory others can write (/tmp), another user can create it first and listen there.
+Actors check their peer's uid before they send the hello (seed/shm_actor_link.py); a learner with a token that
+cannot claim `P.shm` (remove what is there, bind, listen) fails at start naming the path (HandoverPathTaken)
+rather than leave the name to someone else. Without a token there is no secret to lose: it says so in one line
+and serves gRPC only.
 """
 
 from __future__ import annotations
@@ -39,6 +46,12 @@ from seed.serving.service import SlabService
 from seed.transport.guard import check_token
 
 HELLO_TIMEOUT_S = 10.0
+_MAX_UNIX_PATH_BYTES = 108  # sun_path, NUL included (Linux)
+
+
+class HandoverPathTaken(RuntimeError):
+    """The learner has a token and cannot listen on a handover path: something it cannot remove is there (another
+    user's socket in a shared directory, a file, a directory). Fatal, so the learner fails at start."""
 
 
 class ShmHandover:
@@ -61,11 +74,31 @@ class ShmHandover:
         self._lock = threading.Lock()
 
     def start(self) -> None:
+        """Listens on every path. Raises OSError if a path cannot be claimed (the serving process then offers no
+        shm path and gRPC actors still work), or HandoverPathTaken instead when the learner has a token."""
         for path in self.paths:
-            with contextlib.suppress(FileNotFoundError):
-                if stat.S_ISSOCK(os.lstat(path).st_mode):
-                    os.unlink(path)  # a dead learner's socket; a live one holds its gRPC address, so we'd not be here
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                listener = self._claim(path)
+            except OSError as error:
+                if not self.auth_token or len(os.fsencode(path)) >= _MAX_UNIX_PATH_BYTES:
+                    raise  # a path too long to bind is one nobody can listen on: no actor can be misled
+                self.close()
+                raise HandoverPathTaken(
+                    f"shared-memory handover socket {path}: cannot claim it ({type(error).__name__}: {error}), "
+                    "expected to remove what is there and listen: whoever holds it would receive the token of "
+                    "every actor on this host that connects there. Remove it, or use --server_address=unix: in a "
+                    "directory only this user can write (or --shm_actors=false)") from error
+            self._listeners.append(listener)
+            threading.Thread(target=self._accept, args=(listener,), name="shm-handover", daemon=True).start()
+
+    @staticmethod
+    def _claim(path: str) -> socket.socket:
+        """A listening socket bound to `path`, after removing a dead learner's socket there."""
+        with contextlib.suppress(FileNotFoundError):
+            if stat.S_ISSOCK(os.lstat(path).st_mode):
+                os.unlink(path)  # a dead learner's socket; a live one holds its gRPC address, so we'd not be here
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
             old_umask = os.umask(0o077)
             try:
                 listener.bind(path)
@@ -73,9 +106,11 @@ class ShmHandover:
                 os.umask(old_umask)
             os.chmod(path, 0o600)  # connecting needs write permission only
             listener.listen(128)
-            listener.settimeout(0.5)
-            self._listeners.append(listener)
-            threading.Thread(target=self._accept, args=(listener,), name="shm-handover", daemon=True).start()
+        except BaseException:
+            listener.close()
+            raise
+        listener.settimeout(0.5)
+        return listener
 
     def close(self) -> None:
         """Stops listening and closes every actor's connection (they reconnect, like gRPC streams)."""
