@@ -1,10 +1,14 @@
-"""Checkpoints: rotation, atomic files, fallback past a corrupted newest file, and what a resumed learner restores."""
+"""Checkpoints: rotation, atomic and durable files, fallback past a corrupted newest file, files that would run
+code refused, and what a resumed learner restores."""
 
 from __future__ import annotations
 
+import io
 import logging
 import os
+import shlex
 
+import numpy as np
 import pytest
 import torch
 
@@ -60,6 +64,83 @@ def test_a_logdir_from_before_rotation_resumes_from_checkpoint_pt(tmp_path):
     checkpoint.save(logdir, _state(11), keep=2)
     assert sorted(os.listdir(logdir)) == ["checkpoint-00000001.pt", "checkpoint-00000002.pt"]
     assert checkpoint.load(logdir)["counters"]["train_steps"] == 11
+
+
+def test_save_fsyncs_the_file_before_the_rename_and_the_directory_after_it(tmp_path, monkeypatch):
+    """What a power loss needs (it cannot be simulated here, so os.fsync is observed): the new file's bytes
+    are synced under its temporary name, the logdir after the rename, and only then is the older checkpoint
+    (--keep_checkpoints=1) deleted."""
+    logdir = str(tmp_path)
+    older = checkpoint.save(logdir, _state(1), keep=1)
+    new = os.path.join(logdir, "checkpoint-00000002.pt")
+    synced = []
+    real_fsync = os.fsync
+
+    def recording_fsync(fd: int) -> None:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        synced.append({"target": target, "bytes": os.path.getsize(target) if os.path.isfile(target) else None,
+                       "new_exists": os.path.exists(new), "older_exists": os.path.exists(older)})
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", recording_fsync)
+    assert checkpoint.save(logdir, _state(2), keep=1) == new
+    size = os.path.getsize(new)
+    assert synced == [
+        {"target": new + ".tmp", "bytes": size, "new_exists": False, "older_exists": True},  # whole, not yet named
+        {"target": logdir, "bytes": None, "new_exists": True, "older_exists": True},  # the rename, before deleting
+    ]
+    assert os.listdir(logdir) == ["checkpoint-00000002.pt"]
+
+
+class RunsCode:
+    """Unpickles as a call of os.system(command): what a malicious checkpoint would hold."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def write_code_running_checkpoint(path: str, marker: str) -> None:
+    """A checkpoint-shaped file whose unpickling runs `touch marker`."""
+    torch.save({"agent": {"network": {"w": torch.zeros(2)}}, "config": RunsCode(f"touch {shlex.quote(marker)}"),
+                "counters": {"train_steps": 1}}, path)
+
+
+def test_a_checkpoint_that_would_run_code_is_refused_and_skipped(tmp_path, caplog):
+    logdir, marker = str(tmp_path / "run"), str(tmp_path / "code-ran")
+    os.makedirs(logdir)
+    good = checkpoint.save(logdir, _state(1))
+    evil = os.path.join(logdir, "checkpoint-00000002.pt")
+    write_code_running_checkpoint(evil, marker)
+    with pytest.raises(checkpoint.UnsafeCheckpoint, match=f"checkpoint {evil}: got the Python object posix.system, "
+                                                          "expected only tensors"):
+        checkpoint.read(evil)
+    with caplog.at_level(logging.WARNING, logger="seed.checkpoint"):
+        path, state = checkpoint.latest(logdir)  # what a learner resuming on this logdir loads
+    assert path == good and state["counters"]["train_steps"] == 1
+    assert f"checkpoint {evil} does not load (UnsafeCheckpoint" in caplog.text
+    assert not os.path.exists(marker)
+    torch.load(evil, weights_only=False)  # the file is a real attack: unpickled in full, it runs the command
+    assert os.path.exists(marker)
+
+
+def test_random_states_load_and_so_do_numpy_1_files(tmp_path):
+    """The learner's checkpoint holds np.random.get_state() (a uint32 array) beside tensors; a file written under
+    NumPy 1 names the array's reconstructor numpy.core.multiarray._reconstruct, NumPy 2 numpy._core's."""
+    states = {"numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    buffer = io.BytesIO()
+    torch.save({"rng": states}, buffer, _use_new_zipfile_serialization=False)  # the legacy format: names as text
+    data = buffer.getvalue()
+    current = b"numpy._core.multiarray" if b"numpy._core.multiarray" in data else b"numpy.core.multiarray"
+    for name in (b"numpy._core.multiarray", b"numpy.core.multiarray"):
+        path = tmp_path / f"{name.decode()}.pt"
+        path.write_bytes(data.replace(current, name))
+        loaded = checkpoint.read(str(path))["rng"]
+        assert loaded["numpy"][0] == "MT19937" and loaded["numpy"][1].dtype == np.uint32
+        assert np.array_equal(loaded["numpy"][1], states["numpy"][1]) and loaded["numpy"][2:] == states["numpy"][2:]
+        assert torch.equal(loaded["torch"], states["torch"])
 
 
 def _learner(logdir: str):
