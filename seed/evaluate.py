@@ -6,8 +6,10 @@
 
 Everything about the run comes from the checkpoint: its saved learner configuration rebuilds the env spec and
 the agent (keys this version does not know are ignored with a warning), and its parameters are loaded into
-the agent's network. The policy is the agent's `evaluation_act` (V-trace: a sample from the policy, or its
-argmax with `--eval_greedy`; R2D2: epsilon-greedy with the checkpoint's `eval_epsilon`).
+the agent's network. Checkpoints are read with `torch.load(weights_only=True)` (seed/checkpoint.py `read`), so
+a downloaded one cannot run code: one that holds other Python objects is refused. The policy is the agent's
+`evaluation_act` (V-trace: a sample from the policy, or its argmax with `--eval_greedy`; R2D2: epsilon-greedy
+with the checkpoint's `eval_epsilon`).
 
 `--num_envs` envs are stepped together in this process, one batched forward pass per agent step, with each
 env's agent state kept like the learner keeps it (done=True on the first step and after every episode end,
@@ -58,7 +60,9 @@ def _flag(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's naming
 @dataclasses.dataclass
 class EvalConfig:
     logdir: str = _flag("", "Evaluate the latest checkpoint of this learner logdir.")
-    checkpoint: str = _flag("", "Evaluate this checkpoint file instead (overrides --logdir's checkpoint).")
+    checkpoint: str = _flag("", "Evaluate this checkpoint file instead (overrides --logdir's checkpoint). Read "
+                                "with torch.load(weights_only=True): a file holding other Python objects than "
+                                "tensors, NumPy arrays and plain data is refused, never run.")
     episodes: int = _flag(10, "Episodes to play, shared out over the envs.")
     num_envs: int = _flag(4, "Envs stepped together in this process (at most --episodes are used).")
     seed: int = _flag(-1, f"Seeds envs (env k: seed + k), torch and NumPy; -1 = the checkpoint's seed + "
@@ -79,17 +83,19 @@ class EvalConfig:
 def load_checkpoint(logdir: str, path: str = "") -> tuple[str, dict[str, Any]]:
     """(path, checkpoint dict) of `path`, or else of `logdir`'s latest checkpoint (seed.checkpoint).
 
-    The one place that knows how checkpoints are found; errors list what the logdir holds instead.
+    The one place that knows how checkpoints are found; errors list what the logdir holds instead. Files are
+    read by `checkpoint.read` (torch.load weights_only=True): a file that holds Python objects beyond tensors,
+    NumPy arrays and plain data is refused without running any of it.
     """
-    import torch
-
     from seed import checkpoint
 
     if path:
         if not os.path.isfile(path):
             raise UserError(f"--checkpoint: got {path!r}, expected an existing checkpoint file")
         try:
-            return path, torch.load(path, map_location="cpu", weights_only=False)
+            return path, checkpoint.read(path)
+        except checkpoint.UnsafeCheckpoint as error:
+            raise UserError(f"--checkpoint: refused: {error}") from None
         except Exception as error:  # a truncated or foreign file: say which, without a traceback
             raise UserError(f"--checkpoint: {path!r} cannot be read as a checkpoint ({error})") from None
     if not logdir:

@@ -143,7 +143,7 @@ def test_random_states_load_and_so_do_numpy_1_files(tmp_path):
         assert torch.equal(loaded["torch"], states["torch"])
 
 
-def _learner(logdir: str):
+def make_learner(logdir: str):
     from seed.learner import Learner
     from seed.learner_main import resolve_config
 
@@ -154,7 +154,7 @@ def _learner(logdir: str):
 
 def test_resumed_learner_restores_parameters_optimizer_counters_and_serves_the_restored_network(tmp_path):
     logdir = str(tmp_path / "run")
-    first = _learner(logdir)
+    first = make_learner(logdir)
     # Training that moves every parameter and fills Adam's moments.
     for _ in range(3):
         loss = sum((p * p).sum() for p in first.agent.network.parameters())
@@ -166,8 +166,8 @@ def test_resumed_learner_restores_parameters_optimizer_counters_and_serves_the_r
     first._close()
     path, saved = checkpoint.latest(logdir)
 
-    second = _learner(logdir)
-    fresh = _learner(str(tmp_path / "fresh"))  # what a learner that ignored its checkpoint would hold
+    second = make_learner(logdir)
+    fresh = make_learner(str(tmp_path / "fresh"))  # what a learner that ignored its checkpoint would hold
     try:
         assert path.endswith("checkpoint-00000001.pt")
         for name, value in second.agent.network.state_dict().items():

@@ -19,6 +19,7 @@ from seed.envs import make_spec
 from seed.evaluate import EVAL_SEED_OFFSET, EpisodeVideo, episode_quotas, open_video_writer
 from seed.learner_main import resolve_config
 from tests.conftest import REPO
+from tests.test_checkpoint import make_learner, write_code_running_checkpoint
 
 imageio = pytest.importorskip("imageio.v2", reason="the video extra (pip install -e '.[video]') is not installed")
 
@@ -148,6 +149,38 @@ def test_unreadable_checkpoint(tmp_path):
     done = seed_eval([f"--checkpoint={tmp_path / 'half.pt'}"], str(tmp_path))
     assert done.returncode == 2
     assert f"--checkpoint: '{tmp_path / 'half.pt'}' cannot be read as a checkpoint" in done.stderr
+
+
+def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
+    """A downloaded checkpoint that runs `touch` when unpickled: seed-eval refuses it, naming the file and what
+    it holds, and nothing runs, given as --checkpoint or as the only checkpoint of a --logdir."""
+    logdir, marker = tmp_path / "downloaded", str(tmp_path / "code-ran")
+    logdir.mkdir()
+    evil = str(logdir / "checkpoint-00000001.pt")
+    write_code_running_checkpoint(evil, marker)
+    done = seed_eval([f"--checkpoint={evil}"], str(tmp_path))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"--checkpoint: refused: checkpoint {evil}: got the Python object posix.system" in done.stderr
+    assert "Traceback" not in done.stderr
+    done = seed_eval([f"--logdir={logdir}"], str(tmp_path))
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert f"checkpoint {evil} does not load (UnsafeCheckpoint" in done.stderr
+    assert "holds no loadable checkpoint" in done.stderr
+    assert not os.path.exists(marker)
+
+
+def test_a_learner_checkpoint_with_its_random_states_evaluates(tmp_path):
+    """What the learner itself writes (NumPy and Python random states beside the tensors) loads under
+    weights_only=True."""
+    logdir = str(tmp_path / "run")
+    learner = make_learner(logdir)
+    learner.checkpoint()
+    learner._close()
+    assert "rng" in checkpoint.latest(logdir)[1]
+    done = seed_eval([f"--logdir={logdir}", "--episodes=2", f"--out={tmp_path / 'eval.json'}"], str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "eval.json") as f:
+        assert json.load(f)["episodes"] == 2
 
 
 def test_checkpoint_of_another_agent_or_env(untrained, tmp_path):
