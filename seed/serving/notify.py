@@ -36,8 +36,8 @@ from seed.serving.slab import StepSlab
 
 REQUEST_DTYPE = np.dtype([("actor", "<i8"), ("seq", "<i8")])
 REQUEST_PIPE_PACKETS = 256  # notifications a request pipe holds (a page each); the unprivileged maximum by default
-_MAX_PACKET_BYTES = 1 << 16  # more than a packet can hold (one page), so a read sees a packet's whole size
-_DRAIN_PACKETS = 4096  # notifications read per `_fill` at most, so a flood cannot keep the reader in one call
+# Read per `_fill` at most, so a flood (of notifications or of malformed packets) cannot keep the reader there.
+_DRAIN_READS, _DRAIN_BYTES = 4096, 4096 * REQUEST_DTYPE.itemsize
 _DROP_LOG_INTERVAL_S = 10.0
 
 log = logging.getLogger(__name__)
@@ -121,6 +121,8 @@ class RequestBatcher:
             raise ValueError(f"batch_timeout_ms: got {timeout_s * 1000}, expected >= 0")
         self._fd = fd
         os.set_blocking(fd, False)
+        self._file = open(fd, "rb", buffering=0, closefd=False)  # noqa: SIM115 - readinto without a buffer copy
+        self._buffer = bytearray(_DRAIN_BYTES + mmap.PAGESIZE)  # a packet is at most a page
         self._slab = slab
         self._rows_per_request = slab.envs_per_actor
         self._max_requests = max(1, -(-batch_rows // self._rows_per_request))
@@ -137,25 +139,26 @@ class RequestBatcher:
         """Reads whatever notifications arrive within `timeout_s`; whether any packet did."""
         if not self._poll.poll(max(0, int(timeout_s * 1000 + 0.999))):
             return False
-        packets, malformed = [], 0
-        for _ in range(_DRAIN_PACKETS):
-            try:
-                packet = os.read(self._fd, _MAX_PACKET_BYTES)
-            except BlockingIOError:
+        # Packets go straight into one buffer, one read each (a read returns at most one packet); a malformed one
+        # is overwritten by the next.
+        view, filled, malformed, size = memoryview(self._buffer), 0, 0, REQUEST_DTYPE.itemsize
+        for _ in range(_DRAIN_READS):
+            if filled + mmap.PAGESIZE > len(self._buffer):
                 break
-            if not packet:  # every writer closed (the learner holds one, so only at its exit)
+            n = self._file.readinto(view[filled:filled + mmap.PAGESIZE])
+            if not n:  # None: nothing more now; 0: every writer closed (the learner holds one: only at its exit)
                 break
-            if len(packet) % REQUEST_DTYPE.itemsize == 0:  # one message, or several that one writer wrote at once
-                packets.append(packet)
+            if n % size == 0:  # one message, or several that one writer wrote at once
+                filled += n
             else:
                 malformed += 1
-                self._malformed_sizes[len(packet)] = self._malformed_sizes.get(len(packet), 0) + 1
+                self._malformed_sizes[n] = self._malformed_sizes.get(n, 0) + 1
         if malformed:
             self.rejected += malformed
             self._log_malformed()
-        if not packets:
+        if not filled:
             return malformed > 0
-        requests = np.frombuffer(b"".join(packets), REQUEST_DTYPE)
+        requests = np.frombuffer(self._buffer, REQUEST_DTYPE, count=filled // size)  # copied below
         actors = requests["actor"]
         in_range = (actors >= 0) & (actors < self._slab.layout.num_actors)
         ours = in_range & (actors % self._num_devices == self._device_index)
