@@ -119,10 +119,12 @@ loss() {
     || die "PERCENT: got '$percent', expected a number in 0..100"
   ip netns exec "$ns" nft delete table inet seed_loss 2>/dev/null || true
   [[ $per_mille == 0 ]] && return 0
+  local match="numgen random mod 1000 < $per_mille"
+  [[ $per_mille -ge 1000 ]] && match=""  # every packet: a partition with the link still up
   ip netns exec "$ns" nft -f - <<EOF
 table inet seed_loss {
-  chain input { type filter hook input priority 0; iifname "eth0" numgen random mod 1000 < $per_mille drop; }
-  chain output { type filter hook output priority 0; oifname "eth0" numgen random mod 1000 < $per_mille drop; }
+  chain input { type filter hook input priority 0; iifname "eth0" $match drop; }
+  chain output { type filter hook output priority 0; oifname "eth0" $match drop; }
 }
 EOF
 }
