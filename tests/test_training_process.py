@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from seed import checkpoint
+from seed.training_liveness import FAULT_ENV, TrainingFault, step_allowance_s
 from seed.unroll import Unroll
 from tests.conftest import assert_optimizer_continued, read_metrics, wait_for
 
@@ -144,6 +145,104 @@ def test_a_killed_learner_takes_its_training_process_along(processes, tmp_path):
     learner.wait(timeout=10)
     gone, alive = psutil.wait_procs(children, timeout=15)  # its command pipe reads end of file
     assert not alive, [c.pid for c in alive]
+
+
+def _learner_with_fault(processes, tmp_path, monkeypatch, fault: str, *flags: str):
+    """A learner process (with its training process) armed with SEED_FAULT_TRAINING_PROCESS=`fault`, and one
+    actor (unarmed)."""
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    monkeypatch.setenv(FAULT_ENV, fault)
+    learner = processes.learner([f"--logdir={logdir}", f"--server_address={address}", "--env=fake:vector",
+                                 "--num_actors=1", "--envs_per_actor=4", "--batch_size=4", "--unroll_length=5",
+                                 "--log_interval_s=0.5", "--torch_threads=1", "--fake_episode_length=20",
+                                 "--checkpoint_interval_s=3600", "--training_process", *flags])
+    monkeypatch.delenv(FAULT_ENV)
+    _actor(processes, address)
+    return learner
+
+
+def _training_child(learner) -> psutil.Process:
+    children = [c for c in psutil.Process(learner.pid).children()
+                if any("spawn_main" in part for part in c.cmdline())]
+    assert len(children) == 1, [c.cmdline() for c in psutil.Process(learner.pid).children()]
+    return children[0]
+
+
+def _wait_for_line(processes, learner, line: str) -> None:
+    wait_for(lambda: line in processes.output(learner), 90, repr(line), on_timeout=lambda: processes.output(learner))
+
+
+def test_a_training_process_killed_holding_the_parameter_lock_ends_the_learner_naming_it(processes, tmp_path,
+                                                                                        monkeypatch):
+    """The child reports update 3 and dies (SIGKILL) while it holds the parameter lock, halfway through writing
+    update 3's parameters, with the learner waiting for that lock: the kernel releases the lock (a semaphore
+    stayed taken: the learner waited in `with lock:` forever), and the learner sees the copy was never finished."""
+    learner = _learner_with_fault(processes, tmp_path, monkeypatch, "child_dies_writing@3")
+    _wait_for_line(processes, learner, f"[training process] test fault {FAULT_ENV}=child_dies_writing@3")
+    child = _training_child(learner)
+    time.sleep(1.0)  # the learner reads update 3's message and waits for the lock
+    assert learner.poll() is None, processes.output(learner)
+    child.send_signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+    code = learner.wait(timeout=30)
+    assert time.monotonic() - killed_at < 15
+    output = processes.output(learner)
+    assert code != 0, output
+    assert "died while writing the parameters of update 3 (exit code -9)" in output, output
+
+
+def test_a_learner_killed_holding_the_parameter_lock_takes_its_training_process_along(processes, tmp_path,
+                                                                                     monkeypatch):
+    """The learner is SIGKILLed (as by the OOM killer) while it holds the parameter lock and its training
+    process waits for it to write the next update: the child must not outlive it."""
+    learner = _learner_with_fault(processes, tmp_path, monkeypatch, "learner_holds_lock@3")
+    _wait_for_line(processes, learner, f"[learner] test fault {FAULT_ENV}=learner_holds_lock@3")
+    child = _training_child(learner)
+    time.sleep(2.0)  # the actor goes on, so the child trains the next batch and waits for the lock
+    learner.kill()
+    learner.wait(timeout=10)
+    gone, alive = psutil.wait_procs([child], timeout=10)
+    assert not alive, processes.output(learner)
+
+
+def test_a_killed_learner_takes_its_hung_training_process_along(processes, tmp_path, monkeypatch):
+    """A child stuck in an update (it reads no command, so it never sees its pipe close) dies with its learner:
+    the kernel's parent-death signal."""
+    learner = _learner_with_fault(processes, tmp_path, monkeypatch, "step_hangs@3")
+    _wait_for_line(processes, learner, f"[training process] test fault {FAULT_ENV}=step_hangs@3")
+    child = _training_child(learner)
+    learner.kill()
+    learner.wait(timeout=10)
+    gone, alive = psutil.wait_procs([child], timeout=10)
+    assert not alive, processes.output(learner)
+
+
+def test_a_hung_training_process_ends_the_learner_within_its_timeout(processes, tmp_path, monkeypatch):
+    """Update 3 never returns (its main thread sleeps): past its deadline the learner prints the child's stacks,
+    kills it and exits non-zero naming the update, without waiting for a checkpoint."""
+    learner = _learner_with_fault(processes, tmp_path, monkeypatch, "step_hangs@3", "--training_process_timeout_s=5")
+    _wait_for_line(processes, learner, f"[training process] test fault {FAULT_ENV}=step_hangs@3")
+    child = _training_child(learner)
+    hung_at = time.monotonic()
+    code = learner.wait(timeout=60)
+    assert time.monotonic() - hung_at < 30  # its deadline: 5 s (the timeout; 10x the slowest update is less)
+    output = processes.output(learner)
+    assert code != 0, output
+    assert "TrainingProcessHung: training process" in output, output
+    assert "hung: training update 3 for" in output, output
+    assert "in sleep_forever" in output, output  # the child's stack, dumped by faulthandler before the kill
+    assert not child.is_running() or child.status() == psutil.STATUS_ZOMBIE
+
+
+def test_update_allowance_and_fault_parsing():
+    assert step_allowance_s(60.0, 0.0) == 300.0  # nothing measured yet: the first update may initialise CUDA
+    assert step_allowance_s(60.0, 2.0) == 60.0
+    assert step_allowance_s(60.0, 9.0) == 90.0  # 10x the slowest update
+    assert TrainingFault.from_environment({FAULT_ENV: "step_hangs@4"}) == TrainingFault("step_hangs", 4)
+    assert TrainingFault.from_environment({}).due("step_hangs", 10**9) is False
+    with pytest.raises(ValueError, match=f"{FAULT_ENV}: got 'hang@x', expected <fault>@<update>"):
+        TrainingFault.from_environment({FAULT_ENV: "hang@x"})
 
 
 def test_learner_restarted_with_a_training_process_resumes_its_optimizer(processes, tmp_path):
