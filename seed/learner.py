@@ -43,6 +43,7 @@ from seed.experience import FifoExperience, ReplayExperience, SinkThread
 from seed.host_memory import keep_freed_memory
 from seed.inference import CentralInference
 from seed.metrics import LearnerMetrics, MetricsWriter
+from seed.priority_refresh import make_priority_refresher
 from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
 from seed.serving.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
 from seed.serving.process import ServingProcess
@@ -133,6 +134,9 @@ class Learner:
                                         config.batch_timeout_ms / 1000.0, i, len(self._request_pipes))
                          for i, (read_fd, _) in enumerate(self._request_pipes)]
         self.inference = self.inferences[0]
+        self.priority_refresher = make_priority_refresher(  # --priority_refresh_interval_s; None when off
+            config, self.agent, self.experience, self.inference.parameters, self.metrics.train_steps,
+            self.stop_event, self.metrics.record_values)
         self.serving = ServingProcess(self.slab.layout, self.spec, listen_addresses(config.server_address),
                                       2 * config.actor_streams + 8, [w for _, w in self._request_pipes],
                                       self._reply_fds, self._lifeline_read, self._on_actor_episodes,
@@ -148,6 +152,8 @@ class Learner:
         self.watchdog.watch(*self._inference_threads, self.sink.thread, *self.experience.threads())
         if self.training_process is not None:
             self.watchdog.watch(self.training_process.feeder)
+        if self.priority_refresher is not None:
+            self.watchdog.watch(self.priority_refresher.thread)
         # Football's shaped rewards differ from its score (goals): show both.
         self.writer = MetricsWriter(config.logdir, show_raw_return=self.spec.name.startswith("football:"))
         self.reference_scores = self._atari_reference_scores()
@@ -323,6 +329,8 @@ class Learner:
             thread.start()
         self.sink.start()
         self.experience.start()
+        if self.priority_refresher is not None:
+            self.priority_refresher.start()
         if self.training_process is not None:
             self.training_process.start()
         try:
@@ -369,6 +377,8 @@ class Learner:
                 self.serving.stop()
                 for thread in self._inference_threads:
                     thread.join(timeout=10)
+                if self.priority_refresher is not None:
+                    self.priority_refresher.stop()
                 if not training_failed:
                     # The network and optimizer are whole (this thread's, or the training process's, which
                     # finishes its update first); the replay may hold a half-written slot if the sink died inside

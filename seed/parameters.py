@@ -67,6 +67,21 @@ class ParameterPublisher:
                 self._staged.record(torch.cuda.current_stream(self.targets[0].device))
             self._version = self._version + 1 if version is None else version
 
+    def read(self, targets: dict[str, torch.Tensor], newer_than: int) -> int:
+        """A second reader (the priority refresher): copies the newest published snapshot into `targets` (a
+        state dict of the same names, any device) if its version is above `newer_than`; returns the version
+        `targets` now hold. The copy runs under the publish lock and is complete on return."""
+        if self._version <= newer_than:  # also before the first publish, when staging holds nothing yet
+            return newer_than
+        with torch.no_grad(), self._lock:
+            if self.cuda:
+                torch.cuda.current_stream(self.targets[0].device).wait_event(self._staged)
+            copy_tensors([targets[name] for name in self.names], self.staging)
+            # The next publish overwrites staging as soon as the lock is free: finish reading it first.
+            for device in {t.device for t in [*self.staging, *targets.values()] if t.is_cuda}:
+                torch.cuda.synchronize(device)
+            return self._version
+
     def refresh(self) -> bool:
         """Inference side, between batches: applies the newest snapshot if there is one; whether it did."""
         if self._version == self._applied:

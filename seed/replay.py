@@ -12,6 +12,10 @@ sampling training thread.
 - Every slot carries a generation (the insert count when its sequence was written). A sample returns the
   generations of its slots and `update_priorities` drops the updates of slots written since (the ring
   recycled them while the batch trained): the new sequence keeps its own initial priority.
+- Priority Refresh (SpeedyZero; seed/priority_refresh.py) reads slots with `read` (not counted as samples) and
+  writes the priorities the latest network gives with `refresh_priorities`, under the same generation check.
+  Every slot keeps the time its priority was last set (insert, training update or refresh): the stats report
+  the oldest one's age (`replay/oldest_priority_age_s`).
 - Checkpoints are consistent: `frozen_state` holds the lock while the caller serialises, so no insert lands
   between reading the tensors and writing them.
 """
@@ -21,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import threading
+import time
 from collections.abc import Iterator
 
 import numpy as np
@@ -154,12 +159,15 @@ class PrioritizedReplay:
         self._state: dict[str, torch.Tensor] = {}
         self._env_ids = torch.zeros(capacity, dtype=torch.int64)
         self._generations = np.full(capacity, -1, np.int64)  # `inserted` before the slot's last write
+        self._priority_set_s = np.zeros(capacity, np.float64)  # time.monotonic() when each priority was last set
         self.size = 0
         self.next_slot = 0
         self.inserted = 0
         self.sampled = 0
         self.stale_priority_updates = 0
         self.priority_updates = 0  # sequences whose priority an update set (stale ones not counted)
+        self.refreshed_priorities = 0  # sequences whose priority a refresh set (stale ones not counted)
+        self.stale_priority_refreshes = 0
         self._lock = threading.Condition()
         self._stop = stop or threading.Event()
 
@@ -207,6 +215,7 @@ class PrioritizedReplay:
                     self._state[k][slot] = v
                 self._env_ids[slot] = unroll.env_id
                 self._generations[slot] = self.inserted
+                self._priority_set_s[slot] = time.monotonic()
                 self.tree.set(np.array([slot]), np.array([float(priority) ** self.alpha]))
                 self.next_slot = (slot + 1) % self.capacity
                 self.size = min(self.size + 1, self.capacity)
@@ -224,30 +233,66 @@ class PrioritizedReplay:
             probabilities = self.tree.get(indices) / self.tree.total
             weights = (self.size * probabilities) ** (-self.beta)
             weights = weights / weights.max()
-            index_t = torch.from_numpy(indices)
-            steps = {k: v.index_select(0, index_t).transpose(0, 1) for k, v in self._steps.items()}
-            state = {k: v.index_select(0, index_t) for k, v in self._state.items()}
-            env_ids = self._env_ids.index_select(0, index_t)
-            generations = self._generations[indices]
+            unrolls, generations = self._gather(indices)
             self.sampled += self.batch_size
             self._lock.notify_all()
-        return ReplaySample(Unroll(steps, state, env_ids), indices,
-                            torch.from_numpy(weights.astype(np.float32)), generations)
+        return ReplaySample(unrolls, indices, torch.from_numpy(weights.astype(np.float32)), generations)
+
+    def _gather(self, indices: np.ndarray) -> tuple[Unroll, np.ndarray]:
+        """Copies of the slots' sequences (time-major [L, B, ...]) and their generations [B]; under the lock."""
+        index_t = torch.from_numpy(np.asarray(indices, np.int64))
+        steps = {k: v.index_select(0, index_t).transpose(0, 1) for k, v in self._steps.items()}
+        state = {k: v.index_select(0, index_t) for k, v in self._state.items()}
+        return Unroll(steps, state, self._env_ids.index_select(0, index_t)), self._generations[indices]
+
+    def read(self, indices: np.ndarray) -> tuple[Unroll, np.ndarray]:
+        """Priority Refresh: copies of the sequences at slots `indices` [B] (filled slots, < `size`), time-major
+        [L, B, ...], and their generations [B] for `refresh_priorities`. Not a sample: the replay ratio and the
+        rate limits ignore it."""
+        indices = np.asarray(indices, np.int64)
+        with self._lock:
+            if indices.size and (indices.min() < 0 or indices.max() >= self.size):
+                raise ValueError(f"replay read: got slots in [{indices.min()}, {indices.max()}], expected slots in "
+                                 f"[0, {self.size}) (the filled ones)")
+            return self._gather(indices)
 
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, generations: np.ndarray) -> None:
         """Sets the priorities [B] of sampled slots [B]; a slot whose generation is no longer the sampled one
         [B] holds a newer sequence, so its update is dropped (and counted in `stale_priority_updates`)."""
-        indices = np.asarray(indices, np.int64)
         with self._lock:
-            current = self._generations[indices] == np.asarray(generations, np.int64)
-            self.stale_priority_updates += int((~current).sum())
-            self.priority_updates += int(current.sum())
-            self.tree.set(indices[current], np.asarray(priorities, np.float64)[current] ** self.alpha)
+            written = self._set_current_priorities(indices, priorities, generations)
+            self.stale_priority_updates += len(indices) - written
+            self.priority_updates += written
+
+    def refresh_priorities(self, indices: np.ndarray, priorities: np.ndarray, generations: np.ndarray) -> int:
+        """Priority Refresh: as `update_priorities`, for slots [B] read with `read` at `generations` [B]; a slot
+        written since keeps its new sequence's priority. Returns how many priorities were set."""
+        with self._lock:
+            written = self._set_current_priorities(indices, priorities, generations)
+            self.stale_priority_refreshes += len(indices) - written
+            self.refreshed_priorities += written
+            return written
+
+    def _set_current_priorities(self, indices: np.ndarray, priorities: np.ndarray, generations: np.ndarray) -> int:
+        """Sets the priorities of the slots still holding the sampled generation; how many. Under the lock."""
+        indices = np.asarray(indices, np.int64)
+        current = self._generations[indices] == np.asarray(generations, np.int64)
+        self.tree.set(indices[current], np.asarray(priorities, np.float64)[current] ** self.alpha)
+        self._priority_set_s[indices[current]] = time.monotonic()
+        return int(current.sum())
+
+    def oldest_priority_age_s(self) -> float:
+        """Seconds since the least recently set priority of a filled slot was set (0 while empty)."""
+        with self._lock:
+            if not self.size:
+                return 0.0
+            return time.monotonic() - float(self._priority_set_s[:self.size].min())
 
     def stats(self) -> dict[str, float]:
         with self._lock:
             leaves = self.tree.get(np.arange(self.size)) if self.size else np.zeros(1)
             priorities = leaves ** (1.0 / self.alpha) if self.alpha > 0 else leaves
+            oldest = time.monotonic() - float(self._priority_set_s[:self.size].min()) if self.size else 0.0
             return {
                 "replay_size": self.size,
                 "replay_bytes": self.nbytes,
@@ -257,6 +302,9 @@ class PrioritizedReplay:
                 "replay_priority_max": float(priorities.max()),
                 "replay_priority_updates": self.priority_updates,
                 "replay_stale_priority_updates": self.stale_priority_updates,
+                "replay/oldest_priority_age_s": oldest,
+                "replay/refreshed_priorities": self.refreshed_priorities,
+                "replay/stale_priority_refreshes": self.stale_priority_refreshes,
             }
 
     # -- checkpointing -------------------------------------------------------------------------------------------
@@ -292,3 +340,5 @@ class PrioritizedReplay:
             self.tree.set(np.arange(self.capacity), saved["priorities"])
             self.size, self.next_slot = saved["size"], saved["next_slot"]
             self.inserted, self.sampled = saved["inserted"], saved["sampled"]
+            # A file does not say when its priorities were computed: count their age from the restore.
+            self._priority_set_s[:] = time.monotonic()

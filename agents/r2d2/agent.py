@@ -174,39 +174,55 @@ class Agent:
         taken = q[:-1].gather(-1, segment["action"][:-1].unsqueeze(-1)).squeeze(-1)
         return sequence_priorities(targets - taken, mask, self.config.priority_eta).double().numpy()
 
-    def burn_in(self, unrolls: Unroll) -> tuple[State, State]:
-        """Runs the burn-in prefix through the online and target networks from the stored state, no gradient."""
+    def burn_in(self, unrolls: Unroll, network: nn.Module | None = None, target_network: nn.Module | None = None
+                ) -> tuple[State, State]:
+        """Runs the burn-in prefix through the online and target networks (default: the agent's) from the stored
+        state, no gradient."""
+        network = network or self.network
+        target_network = target_network or self.target_network
         b = self.config.burn_in
         state = unrolls.initial_state
         if b == 0:
             return state, state
         prefix = [unrolls.observation[:b], unrolls.prev_action[:b], unrolls.reward[:b], unrolls.done[:b]]
         with torch.no_grad():
-            _, online_state = self.network(*prefix, state)
-            _, target_state = self.target_network(*prefix, state)
+            _, online_state = network(*prefix, state)
+            _, target_state = target_network(*prefix, state)
         # A fresh env's prefix is all padding: keep its stored (zero) state instead of the padding's effect.
         real = unrolls.valid[b - 1]
         keep = lambda burned: {k: torch.where(real.view(-1, *[1] * (v.dim() - 1)), v, state[k])
                                for k, v in burned.items()}
         return keep(online_state), keep(target_state)
 
-    def loss(self, batch: TrainingBatch) -> LossOutput:
-        """Importance-weighted 0.5 sum_t delta_t^2 per sequence, averaged over the batch.
+    def td_errors(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(td [T, B], mask [T, B], online Q-values [T + 1, B, A]) of sequences [L, B] under `network` and
+        `target_network`: delta_t = h(n-step double-Q target) - Q(s_t, a_t), with gradient through Q(s_t, a_t).
 
         Burn-in steps [0, burn_in) only warm up the recurrent state; the T + 1 steps after them form the
         training segment (T transitions plus the bootstrap step).
         """
-        c = self.config
-        unrolls = batch.unrolls
-        online_state, target_state = self.burn_in(unrolls)
-        segment = {k: v[c.burn_in:] for k, v in unrolls.steps.items()}
+        online_state, target_state = self.burn_in(unrolls, network, target_network)
+        segment = {k: v[self.config.burn_in:] for k, v in unrolls.steps.items()}
         inputs = [segment["observation"], segment["prev_action"], segment["reward"], segment["done"]]
-        q_online, _ = self.network(*inputs, online_state)
+        q_online, _ = network(*inputs, online_state)
         with torch.no_grad():
-            q_target, _ = self.target_network(*inputs, target_state)
+            q_target, _ = target_network(*inputs, target_state)
             targets, mask = self._targets(q_online.detach(), q_target, segment)
         taken = q_online[:-1].gather(-1, segment["action"][:-1].unsqueeze(-1)).squeeze(-1)
-        td = targets - taken
+        return targets - taken, mask, q_online
+
+    @torch.no_grad()
+    def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module) -> torch.Tensor:
+        """Priority Refresh (seed/priority_refresh.py): the priorities float [B] that training on sequences [L, B]
+        with these networks would give them (eta max|delta| + (1 - eta) mean|delta|, as `loss` returns)."""
+        td, mask, _ = self.td_errors(unrolls, network, target_network)
+        return sequence_priorities(td, mask, self.config.priority_eta)
+
+    def loss(self, batch: TrainingBatch) -> LossOutput:
+        """Importance-weighted 0.5 sum_t delta_t^2 per sequence (`td_errors`), averaged over the batch."""
+        c = self.config
+        td, mask, q_online = self.td_errors(batch.unrolls, self.network, self.target_network)
         per_sequence = 0.5 * (td.pow(2) * mask).sum(0)
         weights = batch.importance_weights if batch.importance_weights is not None else torch.ones_like(per_sequence)
         loss = (weights * per_sequence).mean()
