@@ -195,6 +195,11 @@ class LearnerConfig(EnvOptions, TransportOptions):
     priority_exponent: float = _field(0.9, "R2D2: priority exponent alpha.")
     importance_sampling_exponent: float = _field(0.6, "R2D2: importance-sampling exponent beta.")
     priority_eta: float = _field(0.9, "R2D2: sequence priority eta max|delta| + (1 - eta) mean|delta|.")
+    priority_refresh_interval_s: float = _field(0.0, "Priority Refresh (SpeedyZero): seconds between the starts of "
+                                                     "two sweeps that recompute every replay item's priority with "
+                                                     "the latest network, on a thread of the learner "
+                                                     "(seed/priority_refresh.py); 0 = off. Agents with a replay.")
+    priority_refresh_batch_size: int = _field(0, "Priority Refresh: replay items per forward pass; 0 = batch_size.")
     epsilon_base: float = _field(0.4, "R2D2: training env i of N explores with base^(1 + alpha i / (N - 1)).")
     epsilon_alpha: float = _field(7.0, "R2D2: alpha of the epsilon schedule.")
     num_eval_envs: int = _field(0, "The last N env ids only evaluate: never trained on, they play the evaluation "
