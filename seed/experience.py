@@ -97,8 +97,9 @@ class Prefetcher:
       next_unroll: timeout_s -> Unroll or None.
       batch_size: unrolls per batch (B).
       device: the training device; batches arrive there.
-      sort_by_env: order each batch's unrolls by env id instead of arrival (a batch then does not depend on
-        arrival order).
+      sort_by_env: `--sync=hts`'s batches: one unroll of each env per batch (checked: a second unroll of an env
+        before the batch is complete means a rollout lost unrolls, and the batch would mix two rollouts), ordered
+        by env id instead of arrival (a batch then does not depend on arrival order).
     An exception ends the thread and is kept in `thread.failure` for the learner's watchdog.
     """
 
@@ -123,10 +124,19 @@ class Prefetcher:
 
     def _loop(self) -> None:
         pending: list[Unroll] = []
+        envs: set[int] = set()  # sort_by_env: the env ids in `pending`
         while not self._stop.is_set():
             unroll = self._next_unroll(0.1)
             if unroll is None:
                 continue
+            if self._sort_by_env:
+                env_id = int(unroll.env_id)
+                if env_id in envs:  # rather than train on two rollouts of one env, or wait forever for another
+                    raise RuntimeError(
+                        f"HTS batch: got a second unroll of env {env_id} with {len(pending)} of {self._batch_size} "
+                        f"unrolls collected (env ids {sorted(envs)}), expected one unroll of every training env "
+                        "per batch (a rollout lost unrolls: see seed/sync_gate.py)")
+                envs.add(env_id)
             pending.append(unroll)
             if len(pending) < self._batch_size:
                 continue
@@ -134,6 +144,7 @@ class Prefetcher:
                 pending.sort(key=lambda u: int(u.env_id))
             batch = _to_device(Unroll.stack(pending), self._device)
             pending = []
+            envs.clear()
             _put_until_stopped(self._batches, batch, self._stop)
 
 

@@ -110,7 +110,12 @@ class CentralInference:
         published; applies exactly those and serves the held requests. Whether it opened."""
         if self.gate is None:
             return False
-        batches = self.gate.try_open(self.parameters.published)
+        # A held request of a superseded run does not count; it is answered stale, which frees its slot for the
+        # new run's first step (the gate then waits for that run to play the rollout).
+        superseded = self.gate.drop_superseded(self.slab.live_run)
+        if len(superseded[0]):
+            self._requests(*superseded)
+        batches = self.gate.try_open(self.parameters.published, self.slab.live_run)
         if batches is None:
             return False
         self.parameters.refresh()
@@ -265,8 +270,7 @@ class CentralInference:
         slab.action[env_ids] = actions
         self.prev_action[env_ids] = actions
         self._answer(actors, seqs, REPLY_OK)
-        if self.gate is not None:
-            self.gate.stepped(actors)
+        completed_rollout = None if self.gate is None else self.gate.stepped(actors)
         now = time.monotonic()
         self.on_batch(b, (now - arrivals).tolist())
         clock.append(time.perf_counter())
@@ -290,6 +294,8 @@ class CentralInference:
             # unrolls, done set, reward 0); the episodes in progress go uncounted.
             log.exception("unroll store failed; actors %s start over with fresh rows", actors.tolist())
             self.actor_run[actors] = 0
+            if self.gate is not None:  # HTS: their lost unrolls are played again, or a batch would lack them
+                self.gate.start_over(actors, completed_rollout)
             completed = []
         clock.append(time.perf_counter())
         stages = ("prepare", "policy", "reply", "store")

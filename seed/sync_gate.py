@@ -14,13 +14,36 @@ the learner receives every env's unroll r at the same time, trains on it while r
 publishes version base + r + 1 before the next sync point can open. Publishing earlier is impossible (update
 r + 1 needs unroll r); the gate checks it anyway.
 
-A new actor run (first contact, restart) joins the rollout in progress with its step count at its start, so
-its unroll ends at the same sync point as everyone's. A missing actor holds everyone: HTS is synchronous.
+Actor runs. A training batch needs every env's unroll of one rollout, so the gate keeps, per actor index, the
+rollout whose unroll it still owes (`owed`: the first one whose bootstrap step was not served to a run of that
+index). A new run of the index (first contact, a restarted actor, a reconnect, every actor at once after a new
+serving process) starts at the beginning of that rollout, on fresh rows:
+
+  * usually that is the rollout in progress (the old run was served its last bootstrap step), so the new run
+    ends its unroll at the same sync point as everyone;
+  * a held request whose run was superseded (the new run handshook, its first step is not there yet) is not
+    counted at the sync point but answered stale at once (`drop_superseded`; the old run's stream holds the
+    slot until it has a reply): the gate waits for the new run, which plays the rollout in progress;
+  * if the gate opened counting a held request that was superseded before it was served (the handshake landed
+    in between), that request is answered stale and the index owes the rollout that just ended: its new run
+    plays that rollout again (its T + 1 steps complete the missing unrolls, acted with the newer version, a
+    policy lag of 0 for those envs) and then the rollout in progress, while the other actors wait at the next
+    sync point. The batch is complete and every unroll in it is one run's consecutive steps; no data is dropped,
+    and the run never waits for an update that cannot happen.
+
+`start_over` does the same for actors whose unrolls in progress were lost (the unroll store failed). A missing
+actor holds everyone: HTS is synchronous. A gate that waits longer than `wait_log_s` says for whom (a warning
+every `wait_log_every_s`).
 """
 
 from __future__ import annotations
 
+import logging
+import time
+
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 class RolloutGate:
@@ -30,10 +53,12 @@ class RolloutGate:
       rollout_steps: T, agent steps per env per rollout.
       base_version: the policy version the inference network holds at start (the learner's train_steps).
       actors_per_batch: how many released requests are served per inference batch.
+      wait_log_s: seconds an actor may wait at a sync point before the gate logs whom it waits for.
+      wait_log_every_s: seconds between two such warnings of one sync point.
     """
 
     def __init__(self, actors: np.ndarray, num_actors: int, rollout_steps: int, base_version: int = 0,
-                 actors_per_batch: int = 1 << 30):
+                 actors_per_batch: int = 1 << 30, wait_log_s: float = 5.0, wait_log_every_s: float = 30.0):
         if rollout_steps < 1:
             raise ValueError(f"sync_every: got {rollout_steps}, expected >= 1")
         self.actors = np.sort(np.asarray(actors, np.int64))
@@ -43,7 +68,12 @@ class RolloutGate:
         self.rollout = 0  # the rollout being played
         self.steps = np.zeros(num_actors, np.int64)  # steps served to each actor's current run, in gate time
         self.run = np.zeros(num_actors, np.int64)  # the run the counts belong to; 0 = none yet
+        self.owed = np.zeros(num_actors, np.int64)  # the first rollout whose unroll the actor index has not given
         self.held: dict[int, tuple[int, int]] = {}  # actor -> (seq, run) of its request at the sync point
+        self.wait_log_s = wait_log_s
+        self.wait_log_every_s = wait_log_every_s
+        self._waiting_since: float | None = None  # when try_open first found an actor held at this sync point
+        self._next_wait_log = 0.0
 
     @property
     def boundary(self) -> int:
@@ -57,35 +87,96 @@ class RolloutGate:
 
     def admit(self, actors: np.ndarray, seqs: np.ndarray, runs: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The requests that may be served now; those at the sync point are held."""
+        """The requests that may be served now; those at the sync point are held. A request of a new run
+        starts that run at the beginning of the rollout its actor index owes."""
         keep = np.ones(len(actors), bool)
         for i, (actor, seq, run) in enumerate(zip(actors.tolist(), seqs.tolist(), runs.tolist(), strict=True)):
             if run != self.run[actor]:
                 self.run[actor] = run
-                self.steps[actor] = self.rollout * self.rollout_steps
+                self.steps[actor] = self.owed[actor] * self.rollout_steps
                 self.held.pop(actor, None)
             if self.steps[actor] >= self.boundary:
                 self.held[actor] = (seq, run)
                 keep[i] = False
         return actors[keep], seqs[keep], runs[keep]
 
-    def stepped(self, actors: np.ndarray) -> None:
-        """Counts one served step for each of `actors`."""
+    def stepped(self, actors: np.ndarray) -> np.ndarray:
+        """Counts one served step for each of `actors` (int64 [n], distinct). bool [n]: whose step was the
+        bootstrap step that completed its unroll of the rollout it owed."""
+        actors = np.asarray(actors, np.int64)
+        completed = self.steps[actors] == (self.owed[actors] + 1) * self.rollout_steps
+        self.owed[actors[completed]] += 1
         self.steps[actors] += 1
+        return completed
 
-    def try_open(self, published_version: int) -> list[tuple[np.ndarray, np.ndarray]] | None:
+    def start_over(self, actors: np.ndarray, completed: np.ndarray) -> None:
+        """The unrolls in progress of `actors` were lost after their step was served (the inference side starts
+        their rows afresh): each plays again from the start of the rollout it owes. `completed`: bool [n], what
+        `stepped` returned for them (an unroll completed by the lost step is owed again)."""
+        actors = np.asarray(actors, np.int64)
+        self.owed[actors[np.asarray(completed, bool)]] -= 1
+        self.steps[actors] = self.owed[actors] * self.rollout_steps
+
+    def drop_superseded(self, live_run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Removes the held requests whose run is no longer its index's live run (`live_run`: int64 [num_actors],
+        the slab's run of each index's latest handshake), so that the sync point waits for the new run instead of
+        counting them. Returns them as (actors, seqs) for the inference side to answer stale: the old run's
+        stream holds the slot until then, so the new run could not send its first step."""
+        actors = [a for a, (_, run) in self.held.items() if run != live_run[a]]
+        seqs = [self.held.pop(a)[0] for a in actors]
+        return np.array(actors, np.int64), np.array(seqs, np.int64)
+
+    def try_open(self, published_version: int, live_run: np.ndarray | None = None, now: float | None = None
+                 ) -> list[tuple[np.ndarray, np.ndarray]] | None:
         """If every actor is held and `published_version` is the one the next rollout needs: moves to the next
-        rollout and returns the held requests as batches of (actors, seqs), in actor order. Else None."""
-        if len(self.held) < len(self.actors):
-            return None
-        if published_version < self.needed_version:
+        rollout and returns the held requests as batches of (actors, seqs), in actor order. Else None.
+
+        Call `drop_superseded` first. `live_run` (int64 [num_actors]) and `now` (time.monotonic() seconds) are for
+        the warning of a gate that waits: live runs tell a restarted actor from a missing one.
+        """
+        if len(self.held) < len(self.actors) or published_version < self.needed_version:
+            self._log_wait(published_version, live_run, time.monotonic() if now is None else now)
             return None
         if published_version > self.needed_version:
             raise RuntimeError(f"policy version: got {published_version} published at sync point {self.boundary}, "
                                f"expected {self.needed_version} (HTS lets the learner run one update ahead only)")
         self.rollout += 1
+        self._waiting_since = None
         actors = np.array(sorted(self.held), np.int64)
         seqs = np.array([self.held[a][0] for a in actors.tolist()], np.int64)
         self.held.clear()
         n = self.actors_per_batch
         return [(actors[i:i + n], seqs[i:i + n]) for i in range(0, len(actors), n)]
+
+    def _log_wait(self, published_version: int, live_run: np.ndarray | None, now: float) -> None:
+        """Warns (rate-limited) which actors, or which policy version, a sync point has waited for."""
+        if not self.held:
+            return
+        if self._waiting_since is None:
+            self._waiting_since, self._next_wait_log = now, now + self.wait_log_s
+            return
+        if now < self._next_wait_log:
+            return
+        self._next_wait_log = now + self.wait_log_every_s
+        waited = now - self._waiting_since
+        missing = [a for a in self.actors.tolist() if a not in self.held]
+        if not missing:
+            log.warning("HTS sync point %d (step %d) has waited %.1f s: every actor is at the sync point, waiting "
+                        "for policy version %d (published: %d), the learner's update on rollout %d",
+                        self.rollout + 1, self.boundary, waited, self.needed_version, published_version,
+                        self.rollout - 1)
+            return
+        details = [self._whereabouts(a, live_run) for a in missing[:8]]
+        if len(missing) > 8:
+            details.append(f"and {len(missing) - 8} more")
+        log.warning("HTS sync point %d (step %d) has waited %.1f s for actors %s: %s", self.rollout + 1,
+                    self.boundary, waited, ", ".join(map(str, missing)), "; ".join(details))
+
+    def _whereabouts(self, actor: int, live_run: np.ndarray | None) -> str:
+        """Why `actor` is not at the sync point, in a few words."""
+        live = int(self.run[actor]) if live_run is None else int(live_run[actor])
+        if live == 0:
+            return f"actor {actor} not connected"
+        if live != self.run[actor]:
+            return f"actor {actor} has a new run (handshake done, no step yet)"
+        return f"actor {actor} at step {int(self.steps[actor])} of {self.boundary}"
