@@ -1,4 +1,5 @@
-"""Agents the learner can drive: `--agent=vtrace` (IMPALA), `--agent=r2d2` or `--agent=ppo` (HTS-RL).
+"""Agents the learner can drive: `--agent=vtrace` (IMPALA), `--agent=r2d2`, `--agent=ppo` (HTS-RL) or
+`--agent=muzero` (EfficientZero).
 
 An agent module exposes:
 
@@ -23,7 +24,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-AGENTS = ("vtrace", "r2d2", "ppo")
+AGENTS = ("vtrace", "r2d2", "ppo", "muzero")
 
 
 def agent_module(name: str) -> ModuleType:

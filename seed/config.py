@@ -185,7 +185,9 @@ class LearnerConfig(EnvOptions, TransportOptions):
     max_policy_lag: int = _field(0, "Drop training batches whose oldest step was acted more than this many updates "
                                     "ago (policy_lag_updates); 0 = no bound.")
     # R2D2.
-    burn_in: int = _field(0, "Steps at the start of each unroll that only warm up the recurrent state (R2D2).")
+    burn_in: int = _field(0, "Steps at the start of each unroll that only warm up the recurrent state (R2D2); "
+                             "MuZero: the look-ahead each sequence shares with the next, >= unroll_steps + "
+                             "td_steps - 1.")
     n_steps: int = _field(5, "R2D2: n of the n-step double-Q targets.")
     value_rescaling_epsilon: float = _field(1e-3, "R2D2: eps of h(x) = sign(x)(sqrt(|x|+1)-1)+eps x.")
     target_update_interval: int = _field(2500, "R2D2: copy the online network to the target every N updates.")
@@ -211,6 +213,28 @@ class LearnerConfig(EnvOptions, TransportOptions):
     checkpoint_replay: bool = _field(False, "R2D2: save the replay with each checkpoint (can be many GB).")
     atari_scores_file: str = _field("", "CSV game,human,random adding reference scores for human-normalised "
                                         "Atari scores (the shipped table lacks random scores for some games).")
+    # MuZero (EfficientZero, SpeedyZero).
+    search: str = _field("puct", "MuZero: puct (MuZero's pUCT, root Dirichlet noise, min-max normalised values) or "
+                                 "gumbel (Gumbel MuZero's sequential halving at the root, for few simulations).")
+    num_simulations: int = _field(50, "MuZero: simulations per search (one batched recurrent call each).")
+    unroll_steps: int = _field(5, "MuZero: K, the steps the model is unrolled from each trained position.")
+    td_steps: int = _field(5, "MuZero: n of the n-step value targets (before the off-policy correction).")
+    td_age_updates: int = _field(0, "MuZero: EfficientZero's off-policy correction: a step's value horizon shrinks "
+                                    "by one per this many updates of its age (updates since it was acted), down "
+                                    "to 1; 0 = off.")
+    value_prefix_horizon: int = _field(5, "MuZero: the value-prefix LSTM is reset every this many model steps.")
+    value_support_size: int = _field(300, "MuZero: value logits over the atoms -S..S of h(value).")
+    reward_support_size: int = _field(300, "MuZero: value-prefix logits over the atoms -S..S of h(prefix).")
+    policy_cost: float = _field(1.0, "MuZero: weight of the policy cross-entropy.")
+    value_cost: float = _field(0.25, "MuZero: weight of the value cross-entropy.")
+    reward_cost: float = _field(1.0, "MuZero: weight of the value-prefix cross-entropy.")
+    consistency_cost: float = _field(2.0, "MuZero: weight of the self-supervised consistency loss.")
+    dirichlet_alpha: float = _field(0.3, "MuZero: alpha of the root Dirichlet noise (training envs only).")
+    exploration_fraction: float = _field(0.25, "MuZero: weight of the root Dirichlet noise in the prior.")
+    visit_temperature: float = _field(1.0, "MuZero: training envs sample actions from visit counts^(1 / T); "
+                                           "evaluation envs play the most visited action.")
+    latent_size: int = _field(64, "MuZero MLP: dimension of the latent state.")
+    latent_channels: int = _field(64, "MuZero ResNet: channels of the latent state (EfficientZero: 64).")
     # Misc.
     print_config: bool = _field(False, "Print the resolved configuration as JSON and exit.")
 

@@ -84,7 +84,7 @@ def validate(config: LearnerConfig) -> None:
         ("network_width", config.network_width >= 1, ">= 1"),
         ("num_eval_envs", 0 <= config.num_eval_envs < config.num_envs,
          f">= 0 and < num_envs = num_actors x envs_per_actor ({config.num_envs}): at least one env must train"),
-        ("burn_in", config.agent == "r2d2" or config.burn_in == 0,
+        ("burn_in", config.agent in ("r2d2", "muzero") or config.burn_in == 0,
          f"0 for --agent={config.agent} (burn-in is an R2D2 setting; this agent would train on its padding)"),
         ("keep_checkpoints", config.keep_checkpoints >= 1, ">= 1"),
         ("training_process_timeout_s", config.training_process_timeout_s > 0, "> 0"),

@@ -102,6 +102,12 @@ PRESETS: dict[str, dict[str, Any]] = {
         agent="ppo", env="gym:CartPole-v1", num_actors=2, envs_per_actor=4, sync="hts", deterministic=True,
         total_environment_frames=1e6,
     ),
+    # MuZero (EfficientZero) on CartPole for a 2-core CPU machine: the agent's gym defaults (an MLP model, 25 pUCT
+    # simulations per step, sequences of 10 starts, K = 5, n = 5), 2 actors x 4 envs of which 2 evaluate.
+    "cartpole_muzero": dict(
+        agent="muzero", env="gym:CartPole-v1", num_actors=2, envs_per_actor=4, num_eval_envs=2,
+        total_environment_frames=60_000, log_interval_s=10.0,
+    ),
 }
 
 PRESET_SOURCES: dict[str, str] = {
@@ -125,6 +131,8 @@ PRESET_SOURCES: dict[str, str] = {
                           "lr 3.43e-4, scoring,checkpoints rewards) with the small Football network; not yet "
                           "measured here.",
     "football_goal_ppo": "as football_close_ppo, on academy_empty_goal.",
+    "cartpole_muzero": "the MuZero agent's gym defaults (EfficientZero's losses, K, n and horizons; supports, "
+                       "network and replay sized for CartPole on 2 CPU cores; docs/learning/README.md).",
     "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
                     "deterministic.",
 }

@@ -1,0 +1,281 @@
+"""The MuZero agent in its EfficientZero form (Ye et al. 2021): a batched tree search on the inference device for
+every env of the inference batch at once, sequences in the learner's prioritized replay, and the K-step model
+loss of agents/muzero/losses.py.
+
+Acting (`act`, on the inference device): initial inference of the whole batch, then one `search` over B trees
+(agents/muzero/search) whose recurrent function runs dynamics + value-prefix LSTM + prediction on every tree's
+leaf at once. The step stores the search's policy (`search_policy` [A]) and root value (`root_value`): the policy
+target and the initial priority. Training envs sample from the search (pUCT: visit counts with Dirichlet noise on
+the root prior; gumbel: the sequential-halving winner); evaluation envs play the most visited action (gumbel: the
+improved policy's argmax) without noise.
+
+Replay: each item is a sequence of burn_in + unroll_length + 1 steps. The unroll store makes consecutive
+sequences of one env share their last burn_in + 1 steps, so with burn_in >= unroll_steps + td_steps - 1 every
+position of an episode is one of the first `unroll_length` positions of exactly one sequence, and from there it
+has the K = unroll_steps steps and the n = td_steps look-ahead its targets need. A sampled sequence trains every
+one of its first unroll_length positions as the start of a K-step unroll (like R2D2 trains every step of its
+sequences), so a batch of B sequences is B x unroll_length unrolls.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from seed.agents.muzero.losses import muzero_loss, value_targets
+from seed.agents.muzero.networks import MLPMuZeroNetwork, MuZeroNetwork, ResNetMuZeroNetwork
+from seed.agents.muzero.targets import sequence_priorities, support_to_scalar
+from seed.agents.networks import stack_frames
+from seed.config import LearnerConfig
+from seed.contracts import ActOutput, InferenceBatch, State
+from seed.envs.base import EnvSpec
+from seed.unroll import LossOutput, TrainingBatch, Unroll
+from seed.wire import torch_dtype
+
+PRIORITY_EPSILON = 1e-6  # no sequence's priority is 0 (it would never be sampled again)
+
+# EfficientZero's Atari 100k configuration (efficientzero_facts.md, SpeedyZero Table 6) where this framework has
+# the setting. Not EfficientZero's: Adam instead of SGD 0.2 (the framework's optimizer), grayscale 84 x 84 frames
+# (the env family's), sequences of 10 positions in the replay instead of single positions.
+ATARI_EFFICIENTZERO = dict(
+    network="resnet", latent_channels=64, lstm_size=512, value_support_size=300, reward_support_size=300,
+    num_simulations=50, search="puct", unroll_steps=5, td_steps=5, burn_in=9, unroll_length=10,
+    value_prefix_horizon=5, discounting=0.997, batch_size=26, learning_rate=1e-3, grad_clip_norm=10.0,
+    priority_exponent=0.6, importance_sampling_exponent=0.4, target_update_interval=200, td_age_updates=30_000,
+    policy_cost=1.0, value_cost=0.25, reward_cost=1.0, consistency_cost=2.0, dirichlet_alpha=0.3,
+    exploration_fraction=0.25, max_abs_reward=1.0, replay_capacity=10_000, replay_min_size=200, replay_ratio=4.0,
+    inference_batch_size=-1,
+)
+
+
+def default_config(env_family: str) -> dict[str, Any]:
+    """Per-env-family defaults: EfficientZero's on Atari; small and fast settings that learn CartPole."""
+    if env_family == "atari":
+        return dict(ATARI_EFFICIENTZERO)
+    if env_family in ("gym", "fake"):
+        return dict(network="mlp", mlp_sizes="64", latent_size=64, lstm_size=64, value_support_size=20,
+                    reward_support_size=5, num_simulations=25, unroll_steps=5, td_steps=5, burn_in=9,
+                    unroll_length=10, value_prefix_horizon=5, discounting=0.99, batch_size=16, learning_rate=1e-3,
+                    grad_clip_norm=10.0, priority_exponent=0.6, importance_sampling_exponent=0.4,
+                    replay_capacity=5_000, replay_min_size=20, replay_ratio=8.0, target_update_interval=100,
+                    td_age_updates=0, visit_temperature=1.0, total_environment_frames=1e6, log_interval_s=5.0)
+    return {}
+
+
+def make_network(spec: EnvSpec, config: LearnerConfig) -> MuZeroNetwork:
+    """The MLP variant for vector observations, the ResNet variant for image frames (`--network=auto`)."""
+    network = config.network
+    if network == "auto":
+        network = "mlp" if len(spec.observation_shape) == 1 else "resnet"
+    if network == "mlp":
+        hidden = tuple(int(s) for s in config.mlp_sizes.split(",") if s) or (64,)
+        return MLPMuZeroNetwork(math.prod(spec.observation_shape) * spec.frame_stack, spec.num_actions, hidden,
+                                config.latent_size, config.lstm_size, config.value_support_size,
+                                config.reward_support_size)
+    if network == "resnet":
+        if len(spec.observation_shape) != 2:
+            raise ValueError(f"--network=resnet: needs [H, W] frames, got observation shape {spec.observation_shape}")
+        return ResNetMuZeroNetwork(tuple(spec.observation_shape), spec.frame_stack, spec.num_actions,
+                                   config.latent_channels, 1, config.lstm_size, config.value_support_size,
+                                   config.reward_support_size)
+    raise ValueError(f"--network: got {config.network!r}, expected auto, mlp or resnet with --agent=muzero")
+
+
+def check_config(config: LearnerConfig) -> None:
+    """Refuses settings the agent cannot train with; each error names the flag, its value and what is expected."""
+    look_ahead = config.unroll_steps + config.td_steps - 1
+    checks = [
+        ("search", config.search in ("puct", "gumbel"), "puct or gumbel"),
+        ("num_simulations", config.num_simulations >= 1, ">= 1"),
+        ("unroll_steps", config.unroll_steps >= 1, ">= 1"),
+        ("td_steps", config.td_steps >= 1, ">= 1"),
+        ("burn_in", config.burn_in >= look_ahead,
+         f">= unroll_steps + td_steps - 1 = {look_ahead} with --agent=muzero (the look-ahead each sequence shares "
+         "with the next, so that every position starts a K-step unroll with n-step value targets)"),
+        ("value_prefix_horizon", config.value_prefix_horizon >= 1, ">= 1"),
+        ("value_support_size", config.value_support_size >= 1, ">= 1"),
+        ("reward_support_size", config.reward_support_size >= 1, ">= 1"),
+        ("td_age_updates", config.td_age_updates >= 0, ">= 0 (0 = no off-policy correction)"),
+        ("visit_temperature", config.visit_temperature >= 0, ">= 0"),
+    ]
+    for name, ok, expected in checks:
+        if not ok:
+            raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
+
+
+class Agent:
+    uses_replay = True
+
+    def __init__(self, spec: EnvSpec, config: LearnerConfig):
+        check_config(config)
+        from seed.agents.muzero.search import SearchConfig  # the search package is only needed to act
+
+        self.spec = spec
+        self.config = config
+        self.network = make_network(spec, config)
+        self.target_network = copy.deepcopy(self.network).requires_grad_(False).eval()
+        self.history = spec.frame_stack - 1
+        self.train_steps = 0  # updates made, kept by `after_update`: the age of a step for the off-policy correction
+        self.search_config = SearchConfig(
+            num_simulations=config.num_simulations, algorithm=config.search, dirichlet_alpha=config.dirichlet_alpha,
+            dirichlet_fraction=0.0)  # the root noise is added here, per row: evaluation rows get none
+
+    # --- acting -------------------------------------------------------------------------------------------------
+
+    def initial_state(self, batch_size: int) -> State:
+        """The frame stack (Atari) as the only per-env state: the search starts from the stacked observation."""
+        if not self.history:
+            return {}
+        return {"frames": torch.zeros((batch_size, self.history, *self.spec.observation_shape),
+                                      dtype=torch_dtype(self.spec.observation_dtype))}
+
+    def _stacked(self, observation: torch.Tensor, done: torch.Tensor, state: State) -> tuple[torch.Tensor, State]:
+        """Observations [T, B, *frame] -> stacked [T, B, S, *frame] and the new frame state."""
+        if not self.history:
+            return observation.unsqueeze(2), {}
+        stacked, frames = stack_frames(state["frames"], observation, done)
+        return stacked, {"frames": frames}
+
+    def _root_prior(self, logits: torch.Tensor, noisy: torch.Tensor) -> torch.Tensor:
+        """Root prior logits [B, A] with Dirichlet(alpha) noise mixed in (weight `exploration_fraction`) on the rows
+        where `noisy` [B] is set (MuZero's root exploration noise)."""
+        fraction = self.config.exploration_fraction
+        if fraction <= 0:
+            return logits
+        concentration = torch.full_like(logits, self.config.dirichlet_alpha)
+        noise = torch._standard_gamma(concentration)
+        noise = noise / noise.sum(-1, keepdim=True).clamp(min=1e-12)
+        mixed = (1 - fraction) * torch.softmax(logits, -1) + fraction * noise
+        return torch.where(noisy.unsqueeze(-1), mixed.clamp(min=1e-12).log(), logits)
+
+    def _recurrent_fn(self, network: MuZeroNetwork):
+        """The search's recurrent function: dynamics + value-prefix LSTM + prediction for B leaves at once.
+
+        The embedding of a node is {latent, h, c (the value-prefix LSTM), prefix (its predicted value prefix),
+        depth}. The edge reward is the child's prefix minus the parent's; the LSTM (and so the prefix) restarts from
+        zero below every node whose depth is a multiple of `value_prefix_horizon` (the root included), as in
+        EfficientZero's search.
+        """
+        horizon = self.config.value_prefix_horizon
+        discount = self.config.discounting
+
+        def recurrent_fn(parent: dict[str, torch.Tensor], action: torch.Tensor):
+            from seed.agents.muzero.search import RecurrentOutput
+
+            latent, prefix_logits, (h, c), policy, value_logits = network.recurrent_inference(
+                parent["latent"], action, (parent["h"], parent["c"]))
+            prefix = support_to_scalar(prefix_logits)
+            parent_reset = (parent["depth"] % horizon) == 0
+            reward = prefix - torch.where(parent_reset, torch.zeros_like(prefix), parent["prefix"])
+            depth = parent["depth"] + 1
+            keep = ((depth % horizon) != 0).unsqueeze(-1).to(h.dtype)
+            return RecurrentOutput(
+                reward=reward, discount=torch.full_like(reward, discount), prior_logits=policy,
+                value=support_to_scalar(value_logits),
+                embedding={"latent": latent, "h": h * keep, "c": c * keep, "prefix": prefix, "depth": depth})
+
+        return recurrent_fn
+
+    def _act(self, network: MuZeroNetwork, batch: InferenceBatch, state: State, evaluate: torch.Tensor
+             ) -> ActOutput:
+        from seed.agents.muzero.search import RootInput, search
+
+        stacked, new_state = self._stacked(batch.observation.unsqueeze(0), batch.done.unsqueeze(0), state)
+        latent, policy_logits, value_logits = network.initial_inference(stacked[0])
+        rows = latent.shape[0]
+        h, c = network.initial_state_lstm(rows, latent.device)
+        embedding = {"latent": latent, "h": h, "c": c, "prefix": torch.zeros(rows, device=latent.device),
+                     "depth": torch.zeros(rows, dtype=torch.int64, device=latent.device)}
+        root = RootInput(prior_logits=self._root_prior(policy_logits, ~evaluate),
+                         value=support_to_scalar(value_logits), embedding=embedding)
+        temperature = torch.where(evaluate, 0.0, self.config.visit_temperature)
+        out = search(root, self._recurrent_fn(network), self.search_config, temperature=temperature)
+        greedy_by = out.visit_counts if self.config.search == "puct" else out.action_weights
+        action = torch.where(evaluate, greedy_by.argmax(-1), out.action)
+        return ActOutput(action=action, outputs={"search_policy": out.action_weights.float(),
+                                                 "root_value": out.root_value.float()}, state=new_state)
+
+    def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        """One search for every row; the last `num_eval_envs` env ids (and padded rows) play greedily."""
+        evaluate = batch.env_ids >= self.config.num_envs - self.config.num_eval_envs
+        return self._act(network, batch, state, evaluate)
+
+    def evaluation_act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
+        """The evaluation policy on every row: the search without root noise, its most visited action."""
+        return self._act(network, batch, state, torch.ones_like(batch.done))
+
+    # --- training -----------------------------------------------------------------------------------------------
+
+    def to(self, device: torch.device) -> Agent:
+        self.network.to(device)
+        self.target_network.to(device)
+        return self
+
+    def replay_sequence_bytes(self) -> int:
+        return replay_sequence_bytes(self.spec, self.config)
+
+    def stacked_observations(self, unrolls: Unroll) -> torch.Tensor:
+        """[L, B, S, *frame]: every stored step's observation with the frames before it (from the stored state)."""
+        stacked, _ = self._stacked(unrolls.observation, unrolls.done, unrolls.initial_state)
+        return stacked
+
+    @torch.no_grad()
+    def initial_priorities(self, unrolls: list[Unroll]) -> np.ndarray:
+        """Priorities at insertion from the stored search values: |root value - n-step target| over the sequence's
+        starts, the target bootstrapped with the stored root values too (EfficientZero's new-data priority uses
+        the root value the actor saw)."""
+        batch = Unroll.stack(unrolls)
+        root_value = batch.steps["root_value"].float()
+        targets, mask = value_targets(batch, root_value, self.config, self.train_steps)
+        starts = self.config.unroll_length
+        errors = root_value[:starts] - targets[:starts]
+        mask = mask[:starts] & batch.valid[:starts]
+        priorities = sequence_priorities(errors, mask, self.config.priority_eta) + PRIORITY_EPSILON
+        return priorities.double().numpy()
+
+    def loss(self, batch: TrainingBatch) -> LossOutput:
+        """EfficientZero's loss on every start of every sampled sequence (agents/muzero/losses.py)."""
+        return muzero_loss(self, batch)
+
+    def after_update(self, train_steps: int) -> None:
+        self.train_steps = train_steps
+        if train_steps % self.config.target_update_interval == 0:
+            self.target_network.load_state_dict(self.network.state_dict())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"network": self.network.state_dict(), "target_network": self.target_network.state_dict(),
+                "train_steps": self.train_steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.network.load_state_dict(state["network"])
+        self.target_network.load_state_dict(state["target_network"])
+        self.train_steps = int(state.get("train_steps", 0))
+
+
+def replay_sequence_bytes(spec: EnvSpec, config: LearnerConfig) -> int:
+    """Bytes one replay sequence takes: (burn_in + unroll_length + 1) steps of observation (one frame), reward,
+    done, truncated, prev_action, action, valid, policy_version, search_policy [A] and root_value, plus the frame
+    stack before the first step and the env id."""
+    length = config.burn_in + config.unroll_length + 1
+    frame = int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
+    step_bytes = frame + 4 + 1 + 1 + 8 + 8 + 1 + 8 + 4 * spec.num_actions + 4
+    return length * step_bytes + (spec.frame_stack - 1) * frame + 8
+
+
+def describe_config(config: LearnerConfig) -> dict[str, Any]:
+    """Derived values for --print_config: the replay's sequence length and expected memory."""
+    from seed.envs import make_spec
+
+    spec = make_spec(config.env, config.env_options())
+    per_sequence = replay_sequence_bytes(spec, config)
+    return {
+        "replay_sequence_length": config.burn_in + config.unroll_length + 1,
+        "trained_positions_per_batch": config.batch_size * config.unroll_length,
+        "replay_bytes_per_sequence": per_sequence,
+        "replay_expected_gib": round(per_sequence * config.replay_capacity / 2**30, 2),
+    }

@@ -1,0 +1,156 @@
+"""EfficientZero's training loss on a batch of replay sequences, time-major.
+
+For every start s < U = unroll_length of every sequence b, the model unrolls K = unroll_steps steps with the
+stored actions (the representation of the start's stacked observation, then dynamics), and each unroll step k
+is trained against:
+
+  policy       cross-entropy with the search policy stored at s + k (while s + k is in the start's episode);
+  value        cross-entropy of the value support with the n-step target z[s + k]: rewards, then the TARGET
+               network's value n steps on (n shortened for older data: `td_horizons`); 0 in the absorbing state
+               after a termination;
+  value prefix (k >= 1) cross-entropy with the sum of the rewards since the last LSTM reset (every
+               value_prefix_horizon steps);
+  consistency  (k >= 1) negative cosine similarity between predictor(projection(latent after k dynamics steps))
+               and projection(representation(observation at s + k)), the latter without gradient (SimSiam).
+
+Weights: policy_cost, value_cost, reward_cost, consistency_cost; the terms of k >= 1 are divided by K and the
+gradient into each dynamics step is halved (MuZero); each sequence's terms are weighted by its importance weight.
+The new priority of a sequence is eta max_s |v_s - z_s| + (1 - eta) mean_s over its starts (v: the online
+network's value at the start), like R2D2's sequence priorities.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.nn import functional as F
+
+from seed.agents.muzero.targets import (
+    gather_unroll,
+    n_step_value_targets,
+    scalar_to_support,
+    sequence_priorities,
+    support_to_scalar,
+    td_horizons,
+    unroll_masks,
+    value_prefix_targets,
+)
+from seed.config import LearnerConfig
+from seed.unroll import LossOutput, TrainingBatch, Unroll
+
+if TYPE_CHECKING:
+    from seed.agents.muzero.agent import Agent
+
+
+def clipped_rewards(unrolls: Unroll, config: LearnerConfig) -> torch.Tensor:
+    """Rewards [L, B] as the loss sees them: clipped to [-max_abs_reward, max_abs_reward] when that is set."""
+    reward = unrolls.reward.float()
+    if config.max_abs_reward > 0:
+        reward = reward.clamp(-config.max_abs_reward, config.max_abs_reward)
+    return reward
+
+
+def value_targets(unrolls: Unroll, bootstrap: torch.Tensor, config: LearnerConfig, train_steps: int
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """n-step value targets [L, B] and their mask of every stored step, bootstrapped with `bootstrap` [L, B], each
+    step's horizon shortened by its age (`td_horizons`)."""
+    horizon = td_horizons(unrolls.policy_version, train_steps, config.td_steps, config.td_age_updates)
+    return n_step_value_targets(clipped_rewards(unrolls, config), unrolls.done, unrolls.truncated, bootstrap,
+                                horizon, config.discounting)
+
+
+def _cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """-sum target log softmax(logits) over the last axis: [..., D] x [..., D] -> [...]."""
+    return -(target * F.log_softmax(logits, dim=-1)).sum(-1)
+
+
+def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
+    """x in the forward pass; its gradient times `scale` in the backward pass (MuZero's dynamics scaling)."""
+    return x * scale + x.detach() * (1.0 - scale)
+
+
+def muzero_loss(agent: Agent, batch: TrainingBatch) -> LossOutput:
+    c = agent.config
+    network, unrolls = agent.network, batch.unrolls
+    length, batch_size = unrolls.reward.shape
+    starts, k_steps = c.unroll_length, c.unroll_steps
+    if length < starts + k_steps + c.td_steps:
+        raise ValueError(f"training batch: got sequences of {length} steps, expected >= unroll_length + unroll_steps"
+                         f" + td_steps = {starts + k_steps + c.td_steps}")
+    stacked = agent.stacked_observations(unrolls).flatten(0, 1)  # [L * B, S, *frame]
+
+    # Every stored position through the representation once: the starts' latents (with gradient) and the
+    # consistency targets (their projections, detached).
+    latent_all = network.represent(stacked)
+    latent_shape = latent_all.shape[1:]
+    with torch.no_grad():
+        _, _, target_value_logits = agent.target_network.initial_inference(stacked)
+        bootstrap = support_to_scalar(target_value_logits).view(length, batch_size)
+        z, z_mask = value_targets(unrolls, bootstrap, c, agent.train_steps)
+        masks = unroll_masks(unrolls.done, unrolls.truncated, unrolls.valid, starts, k_steps)
+        alive, absorbed = masks["alive"], masks["absorbed"]
+        value_target = torch.where(absorbed, torch.zeros_like(z[:1]), gather_unroll(z, starts, k_steps))
+        value_mask = (alive & gather_unroll(z_mask, starts, k_steps)) | absorbed
+        edge_rewards = gather_unroll(clipped_rewards(unrolls, c), starts, k_steps) * masks["edge_alive"]
+        prefix_target = value_prefix_targets(edge_rewards, c.value_prefix_horizon)
+        policy_target = gather_unroll(unrolls.search_policy.float(), starts, k_steps)
+        projection_target = network.project(latent_all.detach(), with_predictor=False).detach()
+        projection_target = gather_unroll(projection_target.view(length, batch_size, -1), starts, k_steps)
+        actions = gather_unroll(unrolls.action, starts, k_steps)  # [K + 1, U, B]
+
+    latent = latent_all.view(length, batch_size, *latent_shape)[:starts].flatten(0, 1)  # [U * B, ...]
+    policy_logits, value_logits = network.predict(latent)
+    start_value = support_to_scalar(value_logits.detach()).view(starts, batch_size)
+    lstm = network.initial_state_lstm(latent.shape[0], latent.device)
+    per_step = {name: [] for name in ("policy", "value", "reward", "consistency")}
+
+    def add(name: str, k: int, values: torch.Tensor, mask: torch.Tensor) -> None:
+        per_step[name].append((k, values.view(starts, batch_size) * mask[k].to(values.dtype)))
+
+    def add_predictions(k: int, policy: torch.Tensor, value: torch.Tensor) -> None:
+        add("policy", k, _cross_entropy(policy, policy_target[k].flatten(0, 1)), alive)
+        add("value", k, _cross_entropy(value, scalar_to_support(value_target[k].flatten(0, 1),
+                                                                c.value_support_size)), value_mask)
+
+    add_predictions(0, policy_logits, value_logits)
+    for k in range(1, k_steps + 1):
+        latent = scale_gradient(latent, 0.5)
+        latent, prefix_logits, lstm, policy_logits, value_logits = network.recurrent_inference(
+            latent, actions[k - 1].flatten(), lstm)
+        if k % c.value_prefix_horizon == 0:
+            lstm = (torch.zeros_like(lstm[0]), torch.zeros_like(lstm[1]))
+        add_predictions(k, policy_logits, value_logits)
+        add("reward", k, _cross_entropy(prefix_logits, scalar_to_support(prefix_target[k].flatten(0, 1),
+                                                                         c.reward_support_size)), masks["reward"])
+        predicted = network.project(latent, with_predictor=True)
+        similarity = F.cosine_similarity(predicted, projection_target[k].flatten(0, 1), dim=-1)
+        add("consistency", k, -similarity, alive)
+
+    costs = {"policy": c.policy_cost, "value": c.value_cost, "reward": c.reward_cost,
+             "consistency": c.consistency_cost}
+    weights = batch.importance_weights if batch.importance_weights is not None else torch.ones(batch_size)
+    weights = weights.to(latent.device).float()
+    positions = masks["start"][0].sum().clamp(min=1)
+    total = torch.zeros((), device=latent.device)
+    metrics: dict[str, Any] = {}
+    for name, terms in per_step.items():
+        # k = 0 counts fully, each later unroll step 1 / K (MuZero).
+        summed = sum(values * (1.0 if k == 0 else 1.0 / k_steps) for k, values in terms)
+        term = (summed * weights).sum() / positions
+        total = total + costs[name] * term
+        metrics[f"losses/{name}"] = float(term.detach())
+    metrics["losses/total"] = float(total.detach())
+
+    start_mask = masks["start"][0] & z_mask[:starts]
+    errors = start_value - z[:starts]
+    priorities = sequence_priorities(errors, start_mask, c.priority_eta) + 1e-6
+    count = start_mask.sum().clamp(min=1)
+    metrics.update({
+        "value/start_mean": float((start_value * start_mask).sum() / count),
+        "value/target_mean": float((z[:starts] * start_mask).sum() / count),
+        "value/abs_error_mean": float((errors.abs() * start_mask).sum() / count),
+        "search/root_value_mean": float((unrolls.root_value[:starts].float() * start_mask).sum() / count),
+        "updated_priorities_mean": float(priorities.mean()),
+    })
+    return LossOutput(total, metrics, priorities.detach())

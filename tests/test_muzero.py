@@ -1,0 +1,317 @@
+"""MuZero (EfficientZero) agent: the value transform and supports, n-step targets, unroll masks and value-prefix
+targets by hand, the search's value-prefix rewards, the loss on a fixed batch, the agent on the real inference
+path, real learner and actor processes, and a CartPole learning test (slow)."""
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from seed.agents.muzero.agent import Agent
+from seed.agents.muzero.targets import (
+    inverse_value_transform,
+    n_step_value_targets,
+    scalar_to_support,
+    support_to_scalar,
+    td_horizons,
+    unroll_masks,
+    value_prefix_targets,
+    value_transform,
+)
+from seed.learner import Learner
+from seed.learner_main import resolve_config
+from seed.serving.slab import REPLY_OK
+from seed.unroll import TrainingBatch, Unroll
+from tests.conftest import REPO, read_metrics, serve_steps, wait_for
+
+
+def _config(tmp_path, **overrides):
+    values = dict(agent="muzero", env="fake:vector", logdir=str(tmp_path), num_actors=2, envs_per_actor=2,
+                  batch_size=4, replay_min_size=4, replay_capacity=64, num_simulations=8, torch_threads=1,
+                  server_address=f"unix:{tmp_path}/l.sock",
+                  training_process=False)  # these tests call the learner's own train_step
+    values.update(overrides)
+    return resolve_config(values)
+
+
+# --- value transform and supports ----------------------------------------------------------------------------
+
+
+def test_value_transform_hand_values_and_round_trip():
+    eps = 1e-3
+    x = torch.tensor([0.0, 3.0, -8.0, 99.0], dtype=torch.float64)
+    # h(3) = sqrt(4) - 1 + 0.003; h(-8) = -(sqrt(9) - 1) - 0.008; h(99) = sqrt(100) - 1 + 0.099.
+    expected = torch.tensor([0.0, 1.003, -2.008, 9.099], dtype=torch.float64)
+    torch.testing.assert_close(value_transform(x, eps), expected)
+    torch.testing.assert_close(inverse_value_transform(expected, eps), x)
+    values = torch.linspace(-5000, 5000, 1001, dtype=torch.float64)
+    torch.testing.assert_close(inverse_value_transform(value_transform(values, eps), eps), values)
+
+
+def test_support_two_hot_projection_and_back():
+    # h(3) = 1.003: mass 0.997 on atom 1 and 0.003 on atom 2 of the atoms -5..5.
+    two_hot = scalar_to_support(torch.tensor([3.0], dtype=torch.float64), 5)
+    expected = torch.zeros(1, 11, dtype=torch.float64)
+    expected[0, 6], expected[0, 7] = 0.997, 0.003
+    torch.testing.assert_close(two_hot, expected)
+    # Negative values and the edges of the support; beyond it h is clipped to the last atom.
+    x = torch.tensor([-30.0, -1.5, 0.0, 0.25, 7.0, 30.0], dtype=torch.float64)
+    probabilities = scalar_to_support(x, 5)
+    torch.testing.assert_close(probabilities.sum(-1), torch.ones(6, dtype=torch.float64))
+    back = support_to_scalar(probabilities.clamp(min=1e-300).log())
+    torch.testing.assert_close(back, x)
+    clipped = support_to_scalar(scalar_to_support(torch.tensor([1e6], dtype=torch.float64), 5).clamp(min=1e-300).log())
+    torch.testing.assert_close(clipped, inverse_value_transform(torch.tensor([5.0], dtype=torch.float64)))
+
+
+# --- targets ---------------------------------------------------------------------------------------------------
+
+
+def test_n_step_value_targets_by_hand():
+    g = 0.5
+    # One column, 7 steps: rewards r[t] = t + 1; the episode terminates at step 3 (done, the action at step 2 was
+    # its last); bootstrap values V[t] = 10 t.
+    reward = torch.tensor([[1.0], [2.0], [3.0], [4.0], [5.0], [6.0], [7.0]])
+    done = torch.zeros(7, 1, dtype=torch.bool)
+    done[3] = True
+    truncated = torch.zeros_like(done)
+    bootstrap = 10.0 * torch.arange(7.0).unsqueeze(1)
+    horizon = torch.tensor([[2], [2], [2], [2], [1], [3], [1]])
+    targets, mask = n_step_value_targets(reward, done, truncated, bootstrap, horizon, g)
+    expected = [
+        2 + g * 3 + g * g * 20,  # t=0, n=2: r1 + g r2 + g^2 V2
+        3 + g * 4,  # t=1: r2 + g r3, terminal at 3: no bootstrap
+        4,  # t=2: r3, terminal
+        5 + g * 6 + g * g * 50,  # t=3 (first step of the next episode): r4 + g r5 + g^2 V5
+        6 + g * 50,  # t=4, n=1
+        None,  # t=5, n=3 runs past the segment's last step (6)
+        None,  # t=6: nothing after it
+    ]
+    for t, value in enumerate(expected):
+        assert bool(mask[t, 0]) == (value is not None), t
+        if value is not None:
+            assert float(targets[t, 0]) == pytest.approx(value), t
+    # Truncation at step 2: its reward is not used and the state before it bootstraps; step 1 itself gets no target.
+    truncated[3] = False
+    done[3] = False
+    done[2] = truncated[2] = True
+    targets, mask = n_step_value_targets(reward, done, truncated, bootstrap, torch.full((7, 1), 3), g)
+    assert float(targets[0, 0]) == pytest.approx(2 + g * 10)  # r1 + g V1
+    assert not bool(mask[1, 0])
+    assert float(targets[2, 0]) == pytest.approx(4 + g * 5 + g * g * 6 + g ** 3 * 50)
+
+
+def test_td_horizons_shorten_with_age():
+    versions = torch.tensor([[100], [90], [60], [0]])
+    assert td_horizons(versions, 100, 5, 10).flatten().tolist() == [5, 4, 1, 1]
+    assert td_horizons(versions, 100, 5, 0).flatten().tolist() == [5, 5, 5, 5]
+
+
+def test_unroll_masks_and_value_prefix_targets_by_hand():
+    # 8 steps, 2 starts, K = 3. Column 0: a termination at step 3; column 1: a truncation at step 2 and padding at 0.
+    done = torch.zeros(8, 2, dtype=torch.bool)
+    done[3, 0] = True
+    done[2, 1] = True
+    truncated = torch.zeros_like(done)
+    truncated[2, 1] = True
+    valid = torch.ones_like(done)
+    valid[0, 1] = False
+    masks = unroll_masks(done, truncated, valid, starts=2, unroll_steps=3)
+    # [K + 1, U] for column 0: start 0 is alive at k = 0..2 (positions 0..2), absorbed at k = 3 (position 3).
+    assert masks["alive"][:, :, 0].T.tolist() == [[True, True, True, False], [True, True, False, False]]
+    assert masks["absorbed"][:, :, 0].T.tolist() == [[False, False, False, True], [False, False, True, True]]
+    assert masks["reward"][:, :, 0].T.tolist() == [[False, True, True, True], [False, True, True, True]]
+    assert masks["edge_alive"][:, :, 0].T.tolist() == [[False, True, True, True], [False, True, True, False]]
+    # Column 1: start 0 is padding (nothing); start 1 is truncated at its first step: no absorbing targets.
+    assert not masks["alive"][:, 0, 1].any() and not masks["reward"][:, 0, 1].any()
+    assert masks["alive"][:, 1, 1].tolist() == [True, False, False, False]
+    assert not masks["absorbed"][:, 1, 1].any()
+    assert masks["reward"][:, 1, 1].tolist() == [False, True, False, False]
+    # Value prefixes: running sums of the edge rewards, restarting after every `horizon` steps.
+    rewards = torch.tensor([0.0, 1.0, 2.0, 4.0, 8.0]).view(5, 1, 1)
+    assert value_prefix_targets(rewards, 5).flatten().tolist() == [0, 1, 3, 7, 15]
+    assert value_prefix_targets(rewards, 2).flatten().tolist() == [0, 1, 3, 4, 12]
+
+
+class _CountingNetwork:
+    """A model whose value-prefix LSTM state h counts the rewards (action + 1) of the edges since its last reset,
+    and predicts that count as the value prefix: the edge reward the search sees must be action + 1 at every depth,
+    across the resets."""
+
+    lstm_size = 1
+
+    def recurrent_inference(self, latent, action, lstm_state):
+        h, c = lstm_state
+        h = h + (action + 1).unsqueeze(-1).float()
+        prefix_logits = scalar_to_support(h[:, 0], 30).clamp(min=1e-30).log()
+        value_logits = scalar_to_support(torch.zeros(len(action)), 30).clamp(min=1e-30).log()
+        return latent, prefix_logits, (h, c), torch.zeros(len(action), 2), value_logits
+
+
+def test_search_rewards_are_value_prefix_differences_with_lstm_resets(tmp_path):
+    agent = Agent(_spec(), _config(tmp_path, value_prefix_horizon=3, discounting=0.9))
+    recurrent_fn = agent._recurrent_fn(_CountingNetwork())
+    embedding = {"latent": torch.zeros(2, 1), "h": torch.zeros(2, 1), "c": torch.zeros(2, 1),
+                 "prefix": torch.zeros(2), "depth": torch.zeros(2, dtype=torch.int64)}
+    actions = [torch.tensor([0, 1]), torch.tensor([1, 1]), torch.tensor([0, 0]), torch.tensor([1, 0]),
+               torch.tensor([0, 1])]
+    for depth, action in enumerate(actions, start=1):
+        out = recurrent_fn(embedding, action)
+        torch.testing.assert_close(out.reward, (action + 1).float(), atol=1e-3, rtol=0)
+        torch.testing.assert_close(out.discount, torch.full((2,), 0.9))
+        embedding = out.embedding
+        assert embedding["depth"].tolist() == [depth, depth]
+        # The LSTM restarts below every third level: the prefix then counts from zero again.
+        assert bool((embedding["h"] == 0).all()) == (depth % 3 == 0)
+    torch.testing.assert_close(embedding["prefix"], torch.tensor([1.0 + 2.0, 2.0 + 1.0]), atol=1e-3, rtol=0)
+
+
+# --- the agent -------------------------------------------------------------------------------------------------
+
+
+def _spec():
+    from seed.envs import make_spec
+
+    return make_spec("fake:vector", {})
+
+
+def _hand_unrolls(config, count=4, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    length = config.burn_in + config.unroll_length + 1
+    unrolls = []
+    for b in range(count):
+        done = torch.zeros(length, dtype=torch.bool)
+        done[3 + 4 * b % (length - 4)] = True
+        policy = torch.rand(length, 4, generator=generator)
+        steps = dict(observation=torch.randn(length, 8, generator=generator), reward=torch.ones(length), done=done,
+                     truncated=torch.zeros(length, dtype=torch.bool), prev_action=torch.zeros(length, dtype=torch.long),
+                     action=torch.randint(0, 4, (length,), generator=generator),
+                     valid=torch.ones(length, dtype=torch.bool),
+                     policy_version=torch.zeros(length, dtype=torch.long),
+                     search_policy=policy / policy.sum(-1, keepdim=True), root_value=torch.zeros(length))
+        unrolls.append(Unroll(steps, {}, torch.tensor(b)))
+    return unrolls
+
+
+def test_loss_decreases_on_a_fixed_batch(tmp_path):
+    torch.manual_seed(0)
+    torch.set_num_threads(1)  # a batch of 40 small unrolls: more threads only add synchronisation
+    config = _config(tmp_path)
+    agent = Agent(_spec(), config)
+    batch = TrainingBatch(Unroll.stack(_hand_unrolls(config)), torch.ones(4))
+    optimizer = torch.optim.Adam(agent.network.parameters(), lr=1e-3)
+    first = agent.loss(batch)
+    assert set(first.metrics) >= {"losses/policy", "losses/value", "losses/reward", "losses/consistency"}
+    assert first.priorities.shape == (4,) and bool((first.priorities > 0).all())
+    for _ in range(150):
+        out = agent.loss(batch)
+        optimizer.zero_grad()
+        out.loss.backward()
+        optimizer.step()
+    last = agent.loss(batch)
+    for name in ("losses/total", "losses/value", "losses/reward", "losses/policy"):
+        assert last.metrics[name] < first.metrics[name] - 0.05, (name, first.metrics[name], last.metrics[name])
+    # The value head learned the n-step targets: the priorities (|v - z|) fell.
+    assert float(last.priorities.mean()) < 0.5 * float(first.priorities.mean())
+
+
+def test_act_stores_the_search_policy_and_root_value_and_a_training_step_updates_priorities(tmp_path):
+    config = _config(tmp_path, num_eval_envs=1, target_update_interval=2, replay_ratio=1.0)
+    learner = Learner(config)
+    learner.slab.live_run[:] = 1
+    emitted: list[Unroll] = []
+
+    def sink(unrolls):
+        emitted.extend(unrolls)
+        learner.experience.sink(unrolls)
+
+    learner.inference.sink = sink
+    rng = np.random.default_rng(0)
+    for g in range(40):
+        requests = [(a, 1, rng.normal(size=(2, 8)).astype(np.float32), np.ones(2, np.float32),
+                     np.full(2, g % 9 == 8), np.zeros(2, bool)) for a in range(2)]
+        replies = serve_steps(learner.inference, requests)
+        assert all(status == REPLY_OK for status, _ in replies.values()), replies
+    assert emitted
+    unroll = emitted[0]
+    assert unroll.length == config.burn_in + config.unroll_length + 1
+    policy = unroll.search_policy[unroll.valid]
+    torch.testing.assert_close(policy.sum(-1), torch.ones(len(policy)))
+    # Normalised visit counts of 8 simulations, each of which visits one root child.
+    assert bool(((policy * 8).round() - policy * 8).abs().max() < 1e-4)
+    assert unroll.root_value.dtype == torch.float32
+    replay = learner.experience.replay
+    assert replay.size > 0 and set(replay._env_ids[: replay.size].tolist()) <= {0, 1, 2}  # env 3 evaluates
+    before = replay.tree.get(np.arange(replay.size)).copy()
+    assert learner.train_step() and learner.train_step()
+    assert learner.agent.train_steps == 2
+    online, target = learner.agent.network.state_dict(), learner.agent.target_network.state_dict()
+    assert all(torch.equal(online[k], target[k]) for k in online)  # copied at update 2
+    assert not np.allclose(before, replay.tree.get(np.arange(replay.size)))
+
+
+def test_contradictory_flags_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"--sync=hts.*--agent=muzero"):
+        _config(tmp_path, sync="hts")
+    with pytest.raises(ValueError, match=r"--burn_in: got 6, expected >= unroll_steps \+ td_steps - 1 = 9"):
+        Agent(_spec(), _config(tmp_path, burn_in=6))
+    with pytest.raises(ValueError, match=r"--search: got 'mcts', expected puct or gumbel"):
+        Agent(_spec(), _config(tmp_path, search="mcts"))
+
+
+# --- real processes --------------------------------------------------------------------------------------------
+
+
+def test_learner_and_actors_train_on_cartpole(processes, tmp_path):
+    """The preset's learner (its training process included) and two actor processes make training steps."""
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    args = dict(preset="cartpole_muzero", logdir=logdir, server_address=address, log_interval_s=0.5,
+                num_simulations=4, replay_min_size=4, checkpoint_interval_s=3600, torch_threads=1)
+    learner = processes.learner([f"--{k}={v}" for k, v in args.items()])
+    for i in range(2):
+        processes.actor(["--preset=cartpole_muzero", f"--server_address={address}", f"--actor_index={i}"],
+                        f"actor{i}")
+
+    def trained():
+        rows = read_metrics(logdir)
+        return rows if rows and rows[-1]["train_steps"] >= 5 else None
+
+    rows = wait_for(trained, 120, "5 training steps", on_timeout=lambda: processes.output(learner))
+    last = rows[-1]
+    assert math.isfinite(last["losses/total"]) and last["replay_inserted"] > 0
+    learner.send_signal(signal.SIGTERM)
+    assert learner.wait(timeout=60) == 0, processes.output(learner)[-3000:]
+
+
+@pytest.mark.slow
+def test_muzero_learns_cartpole(tmp_path):
+    """The shipped preset, real launcher: the training envs' mean return reaches 100 (random play: about 22).
+    Breaking the search (a uniform policy target) or the value targets keeps it far below within the time."""
+    logdir = str(tmp_path / "run")
+    log_path = tmp_path / "local.log"
+    with open(log_path, "wb") as log:
+        launcher = subprocess.Popen([os.path.join(REPO, "launch", "local.sh"), "--preset=cartpole_muzero",
+                                     f"--logdir={logdir}", "--seed=1"], stdout=log, stderr=subprocess.STDOUT,
+                                    cwd=REPO, env=dict(os.environ, PYTHON=sys.executable, PYTHONUNBUFFERED="1"))
+    best, start = None, time.monotonic()
+    try:
+        while time.monotonic() - start < 300 and launcher.poll() is None:
+            returns = [r["episode_return_mean"] for r in read_metrics(logdir) if r.get("episode_return_mean")]
+            best = max(returns) if returns else None
+            if best is not None and best >= 100:
+                break
+            time.sleep(2)
+    finally:
+        launcher.send_signal(signal.SIGTERM)
+        code = launcher.wait(timeout=60)
+    output = log_path.read_text(errors="replace")
+    assert best is not None and best >= 100, f"best return {best} < 100\n{output[-3000:]}"
+    assert code == 0, output[-3000:]
+    print(f"MuZero reached a mean return of 100 in {time.monotonic() - start:.0f}s")
