@@ -12,7 +12,8 @@ which must equal what its dtype and the learner's expected shape give ([K, *obse
 the compressed payload must not be larger than lz4's worst case for that size. Only then is the block
 decompressed, into a buffer of exactly that size: a small message that declares gigabytes is rejected naming
 the field, and one that lies about its size fails to decompress, without allocating more than one observation
-batch. lz4 (python-lz4, BSD) compresses an 84x84 Atari frame about 10-30x at about 1 GB/s per core.
+batch. Measured on messages of 16 84x84 frames of random-action play: Pong 65x smaller, MsPacman 14x, compressed
+at 0.3-0.9 GB/s on one core of the development machine (docs/performance/cpu/network/).
 """
 
 from __future__ import annotations

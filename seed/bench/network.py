@@ -10,9 +10,14 @@ directions), and after `--warmup_s` counts for `--duration_s` seconds:
 
   wire_bytes_per_env_frame  bytes the actor host's eth0 sent plus received (TCP/IP, HTTP/2 and gRPC framing,
                             actions and acknowledgements included; read from /sys/class/net/eth0/statistics)
-                            divided by the env frames the learner counted (agent steps x action repeat)
-  env_frames_per_s          env frames per second at the learner (metrics.jsonl)
+                            divided by the env frames the actor stepped (agent steps x action repeat, its
+                            --stats_file, written every 0.2 s)
+  env_frames_per_s          env frames per second at the actor
   wire_mbit_per_s           the link's load, both directions, Mbit/s
+
+Latency tolerance (`--delays_ms=0,0.5,2.5,10`): the actor dials the learner through seed/bench/tcp_relay.py run
+on the learner's host, which delays each direction by the given one-way delay (added round trip = 2x; 0 still
+goes through the relay), for each of `--envs_per_actor_list`; `--plot` draws FPS against the added round trip.
 
 The learner is a small V-trace learner (the 2013 DQN network, no LSTM) so that on a 2-core machine the link, not
 the learner, is what a rate limit constrains. Everything is removed after each run (launch/netns.sh destroy).
@@ -46,23 +51,18 @@ def _netns(*args: str) -> str:
     return result.stdout
 
 
-def _metrics(logdir: str) -> list[dict[str, Any]]:
-    path = os.path.join(logdir, "metrics.jsonl")
-    if not os.path.exists(path):
-        return []
-    rows = []
-    with open(path) as f:
-        for line in f:
+def _frames(stats_file: str) -> int:
+    """The actor's env frames so far (its newest --stats_file row)."""
+    if not os.path.exists(stats_file):
+        return 0
+    with open(stats_file, "rb") as f:
+        f.seek(max(0, os.path.getsize(stats_file) - 8192))
+        for line in reversed(f.read().decode(errors="replace").splitlines()):
             try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError:  # a line being written
-                pass
-    return rows
-
-
-def _frames(logdir: str) -> int:
-    rows = _metrics(logdir)
-    return int(rows[-1]["env_frames"]) if rows else 0
+                return int(json.loads(line)["env_frames"])
+            except (json.JSONDecodeError, KeyError):  # a line being written, or cut by the seek
+                continue
+    return 0
 
 
 def _wire_bytes(name: str) -> int:
@@ -71,10 +71,11 @@ def _wire_bytes(name: str) -> int:
 
 
 def measure_once(env: str, codec: str, rate: str, envs_per_actor: int, warmup_s: float, duration_s: float,
-                 run_dir: str) -> dict[str, Any]:
+                 run_dir: str, delay_ms: float | None = None) -> dict[str, Any]:
     """One run (see the module docstring); returns its row."""
     name = f"sbn{os.getpid() % 100000}"
     logdir = os.path.join(run_dir, "run")
+    stats = os.path.join(run_dir, "actor_stats.jsonl")
     os.makedirs(run_dir, exist_ok=True)
     token_file = os.path.join(run_dir, "token")
     with open(token_file, "w") as f:
@@ -85,7 +86,15 @@ def measure_once(env: str, codec: str, rate: str, envs_per_actor: int, warmup_s:
     try:
         if rate != "none":
             _netns("rate", name, "2", rate)
-        learner_address = f"{_netns('addr', name, '1').strip()}:{PORT}"
+        learner_ip = _netns("addr", name, "1").strip()
+        learner_address = f"{learner_ip}:{PORT}"
+        if delay_ms is not None:
+            relay = [sys.executable, "-m", "seed.bench.tcp_relay", f"--listen={learner_ip}:{PORT + 1}",
+                     f"--target=127.0.0.1:{PORT}", f"--delay_ms={delay_ms}"]
+            with open(os.path.join(run_dir, "relay.log"), "wb") as out:
+                processes.append(subprocess.Popen([NETNS_SH, "exec", name, "1", *relay], stdout=out,
+                                                  stderr=subprocess.STDOUT, cwd=REPO))
+            learner_address = f"{learner_ip}:{PORT + 1}"
         common = [f"--env={env}", f"--envs_per_actor={envs_per_actor}", "--atari_minimal_action_set=true",
                   f"--auth_token_file={token_file}"]
         learner = [sys.executable, "-m", "seed.learner_main", *common, f"--logdir={logdir}",
@@ -93,25 +102,28 @@ def measure_once(env: str, codec: str, rate: str, envs_per_actor: int, warmup_s:
                    "--use_lstm=false", "--batch_size=8", "--unroll_length=20", "--log_interval_s=1",
                    "--torch_threads=1", "--total_environment_frames=1e12", "--checkpoint_interval_s=3600"]
         actor = [sys.executable, "-m", "seed.actor_main", *common, f"--server_address={learner_address}",
-                 "--actor_index=0", f"--compression={codec}", "--log_interval_s=5"]
+                 "--actor_index=0", f"--compression={codec}", "--log_interval_s=5",
+                 f"--stats_file={stats}", "--stats_interval_s=0.2"]
         for host, command, log in (("1", learner, "learner.log"), ("2", actor, "actor.log")):
             with open(os.path.join(run_dir, log), "wb") as out:
                 processes.append(subprocess.Popen([NETNS_SH, "exec", name, host, *command], stdout=out,
                                                   stderr=subprocess.STDOUT, cwd=REPO))
         deadline = time.monotonic() + 180
-        while _frames(logdir) == 0:
+        while _frames(stats) == 0:
             if time.monotonic() > deadline or any(p.poll() is not None for p in processes):
                 raise RuntimeError(f"no env frames within 180 s: see {run_dir}/learner.log and actor.log")
             time.sleep(0.5)
         time.sleep(warmup_s)
-        frames0, bytes0, t0 = _frames(logdir), _wire_bytes(name), time.monotonic()
+        frames0, bytes0, t0 = _frames(stats), _wire_bytes(name), time.monotonic()
         time.sleep(duration_s)
-        frames1, bytes1, t1 = _frames(logdir), _wire_bytes(name), time.monotonic()
+        frames1, bytes1, t1 = _frames(stats), _wire_bytes(name), time.monotonic()
         frames, wire, seconds = frames1 - frames0, bytes1 - bytes0, t1 - t0
-        return dict(env=env, compression=codec, rate=rate, envs_per_actor=envs_per_actor, seconds=round(seconds, 1),
+        return dict(env=env, compression=codec, rate=rate, envs_per_actor=envs_per_actor,
+                    added_round_trip_ms=None if delay_ms is None else 2 * delay_ms, seconds=round(seconds, 1),
                     env_frames=frames, wire_bytes=wire,
                     wire_bytes_per_env_frame=round(wire / frames, 1) if frames else None,
-                    env_frames_per_s=round(frames / seconds, 1), wire_mbit_per_s=round(wire * 8 / seconds / 1e6, 2))
+                    env_frames_per_s=round(frames / seconds, 1), wire_mbit_per_s=round(wire * 8 / seconds / 1e6, 2),
+                    load_average_1min=round(os.getloadavg()[0], 1))  # other work on the machine, for the reader
     finally:
         for process in processes:
             if process.poll() is None:
@@ -124,6 +136,28 @@ def measure_once(env: str, codec: str, rate: str, envs_per_actor: int, warmup_s:
         _netns("destroy", name)
 
 
+def _plot_latency(rows: list[dict[str, Any]], path: str) -> None:
+    """FPS against the added round trip, one line per (env, envs per actor)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(6, 4))
+    for (env, k), group in itertools.groupby(sorted(rows, key=lambda r: (r["env"], r["envs_per_actor"])),
+                                             key=lambda r: (r["env"], r["envs_per_actor"])):
+        points = sorted((r["added_round_trip_ms"], r["env_frames_per_s"]) for r in group)
+        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=f"{env}, {k} envs per actor")
+    axes.set_xlabel("added round trip (ms, user-space relay)")
+    axes.set_ylabel("env frames / s (one actor)")
+    axes.set_ylim(bottom=0)
+    axes.grid(alpha=0.3)
+    axes.legend()
+    axes.set_title(f"Latency tolerance across two namespaces, {os.cpu_count()} CPU cores")
+    figure.tight_layout()
+    figure.savefig(path, dpi=100)
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -132,13 +166,18 @@ def main(argv: list[str]) -> None:
         sys.exit(1)
     rows = []
     runs_dir = os.path.abspath(FLAGS.runs_dir)
-    for env, rate, codec in itertools.product(FLAGS.envs, FLAGS.rates, FLAGS.codecs):
-        label = f"{env.replace(':', '_')}-{rate}-{codec}"
-        print(f"[network] {env} rate={rate} compression={codec}", file=sys.stderr, flush=True)
-        row = measure_once(env, codec, rate, FLAGS.envs_per_actor, FLAGS.warmup_s, FLAGS.duration_s,
-                           os.path.join(runs_dir, label))
+    delays: list[float | None] = [float(d) for d in FLAGS.delays_ms] or [None]
+    envs_per_actor = [int(k) for k in FLAGS.envs_per_actor_list] or [FLAGS.envs_per_actor]
+    for env, rate, codec, k, delay in itertools.product(FLAGS.envs, FLAGS.rates, FLAGS.codecs, envs_per_actor,
+                                                        delays):
+        label = f"{env.replace(':', '_')}-{rate}-{codec}-k{k}" + ("" if delay is None else f"-d{delay}")
+        print(f"[network] {label}", file=sys.stderr, flush=True)
+        row = measure_once(env, codec, rate, k, FLAGS.warmup_s, FLAGS.duration_s, os.path.join(runs_dir, label),
+                           delay)
         print(json.dumps(row), flush=True)
         rows.append(row)
+    if FLAGS.plot:
+        _plot_latency(rows, FLAGS.plot)
     if FLAGS.out:
         os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
         with open(FLAGS.out, "w") as f:
@@ -151,6 +190,10 @@ def run() -> None:
     flags.DEFINE_list("rates", ["none", "20mbit"], "Link rates: none (unconstrained veth) or a tc rate (20mbit).")
     flags.DEFINE_list("codecs", ["none", "lz4"], "--compression values.")
     flags.DEFINE_integer("envs_per_actor", 16, "Envs of the one actor.")
+    flags.DEFINE_list("envs_per_actor_list", [], "Several --envs_per_actor values, one run each.")
+    flags.DEFINE_list("delays_ms", [], "One-way delays (ms) of a relay between actor and learner, one run each; "
+                                       "empty = no relay.")
+    flags.DEFINE_string("plot", "", "With --delays_ms: write FPS against the added round trip to this PNG.")
     flags.DEFINE_float("warmup_s", 10.0, "Seconds after the first env frames before counting.")
     flags.DEFINE_float("duration_s", 20.0, "Seconds counted.")
     flags.DEFINE_string("runs_dir", "bench_results/network_runs", "Logs of each run.")
