@@ -1,0 +1,295 @@
+"""The batched MuZero / Gumbel MuZero search (agents/muzero/search): the same visit counts as the scalar
+reference search on fixed inputs, Gumbel MuZero's sequential halving and improved policy by hand, noise and
+sampling under a generator, and the same trees on CUDA as on the CPU."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from seed.agents.muzero.search import RecurrentOutput, RootInput, SearchConfig, dirichlet_noise, search
+from seed.agents.muzero.search.gumbel import considered_visits_sequence
+from seed.agents.muzero.search.reference import Node, reference_search
+from seed.agents.muzero.search.tree import tree_map
+
+MODULUS = 2_147_483_647
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread():
+    """The search's tensors are tiny; with two OpenMP threads on a busy 2-core machine a small reduction can wait
+    tens of milliseconds at a barrier (measured: 3.5 s instead of 0.13 s for one search), so these tests run on one
+    thread, as the benchmark does."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+def hashed_model(num_actions: int, dtype: torch.dtype = torch.float64, terminal_every: int = 5):
+    """A deterministic stub model: the embedding is an integer hash of the path ([B, 1] int64); reward, value,
+    discount (0 on every `terminal_every`-th hash) and logits come from the hash by integer arithmetic and one
+    division, so a batch of 1 and a batch of B give bit-identical numbers. The logits of a node are a permutation
+    of 0 .. A-1 (divided by 3): no two actions share a prior."""
+
+    def recurrent_fn(embedding: torch.Tensor, actions: torch.Tensor) -> RecurrentOutput:
+        h = (embedding * 1_000_003 + actions.unsqueeze(1).to(embedding.device) * 7919 + 12345) % MODULUS
+        key = h[:, 0]
+        reward = ((key % 100_003) - 50_001).to(dtype) / 50_001.0
+        value = (((key // 7) % 99_991) - 49_995).to(dtype) / 24_997.0
+        discount = torch.where(key % terminal_every == 0, 0.0, 0.95).to(dtype)
+        logits = ((key.unsqueeze(1) + 7919 * torch.arange(num_actions, device=key.device)) % num_actions)
+        return RecurrentOutput(reward, discount, logits.to(dtype) / 3.0, value, h)
+
+    return recurrent_fn
+
+
+def roots(batch: int, num_actions: int, seed: int, dtype: torch.dtype = torch.float64) -> RootInput:
+    g = torch.Generator().manual_seed(seed)
+    return RootInput(torch.randn(batch, num_actions, generator=g, dtype=dtype),
+                     torch.randn(batch, generator=g, dtype=dtype),
+                     torch.randint(0, MODULUS, (batch, 1), generator=g))
+
+
+def random_invalid(batch: int, num_actions: int, seed: int) -> torch.Tensor:
+    invalid = torch.rand(batch, num_actions, generator=torch.Generator().manual_seed(seed)) < 0.3
+    invalid[:, seed % num_actions] = False  # at least one valid action per row
+    return invalid
+
+
+def assert_same_tree(out, b: int, node_index: int, ref: Node, path: str = "root") -> int:
+    """Walks the reference tree and the batched tree b together; every child's visits must agree. Returns the
+    number of nodes compared."""
+    tree = out.tree
+    compared = 1
+    for action in range(tree.num_actions):
+        child = tree.children_index[b, node_index, action].item()
+        ref_child = ref.children.get(action)
+        ref_visits = ref_child.visit_count if ref_child is not None else 0
+        visits = int(tree.children_visits[b, node_index, action].item())
+        assert visits == ref_visits, f"tree {b}, {path}/{action}: batched {visits} visits, reference {ref_visits}"
+        assert (child >= 0) == (ref_visits > 0), f"tree {b}, {path}/{action}: expanded mismatch"
+        if ref_visits > 0:
+            assert int(tree.visit_count[b, child].item()) == ref_visits
+            compared += assert_same_tree(out, b, child, ref_child, f"{path}/{action}")
+    return compared
+
+
+def run_reference(root: RootInput, recurrent_fn, config: SearchConfig, invalid: torch.Tensor | None):
+    results = []
+    for b in range(root.value.shape[0]):
+        results.append(reference_search(
+            root.prior_logits[b].tolist(), float(root.value[b]), tree_map(lambda x, b=b: x[b:b + 1], root.embedding),
+            recurrent_fn, config, None if invalid is None else invalid[b].tolist()))
+    return results
+
+
+@pytest.mark.parametrize("batch, num_actions, simulations", [(1, 2, 6), (3, 4, 12), (5, 18, 50), (7, 6, 25),
+                                                              (2, 9, 40)])
+@pytest.mark.parametrize("with_invalid", [False, True])
+def test_visit_counts_match_the_scalar_reference(batch, num_actions, simulations, with_invalid):
+    root = roots(batch, num_actions, seed=batch * 100 + num_actions)
+    invalid = random_invalid(batch, num_actions, seed=simulations) if with_invalid else None
+    model = hashed_model(num_actions)
+    config = SearchConfig(num_simulations=simulations, dirichlet_fraction=0.0)
+    out = search(root, model, config, temperature=0.0, invalid_actions=invalid)
+    references = run_reference(root, model, config, invalid)
+    compared = 0
+    for b, (visits, root_value, ref_root) in enumerate(references):
+        assert out.visit_counts[b].tolist() == [float(v) for v in visits]
+        assert out.root_value[b].item() == pytest.approx(root_value, rel=1e-12, abs=1e-12)
+        compared += assert_same_tree(out, b, 0, ref_root)
+        # temperature 0: the most visited action, the lowest index among ties
+        assert out.action[b].item() == visits.index(max(visits))
+    assert compared == batch * (simulations + 1)  # every node of every tree was compared
+    assert out.tree.visit_count[:, 0].tolist() == [simulations + 1.0] * batch
+    if invalid is not None:
+        assert (out.visit_counts[invalid] == 0).all()
+        assert (out.action_weights[invalid] == 0).all()
+
+
+def test_the_test_data_are_discriminative():
+    """The equality above would be vacuous if the trees did not depend on what the search is asked to get right:
+    pb_c_init, the terminal discounts and the min-max normalisation all change the counts on these inputs."""
+    root = roots(5, 18, seed=518)
+    config = SearchConfig(num_simulations=50, dirichlet_fraction=0.0)
+    counts = search(root, hashed_model(18), config).visit_counts
+    assert (search(root, hashed_model(18), SearchConfig(num_simulations=50, dirichlet_fraction=0.0, pb_c_init=2.5))
+            .visit_counts != counts).any()
+    no_terminals = hashed_model(18, terminal_every=MODULUS + 1)
+    assert (search(root, no_terminals, config).visit_counts != counts).any()
+    # A wrong reference (unvisited children valued at the parent's mean instead of 0) disagrees with the search.
+    import seed.agents.muzero.search.reference as reference
+
+    original = reference.ucb_score
+
+    def parent_mean_for_unvisited(config, parent, child, stats):
+        score = original(config, parent, child, stats)
+        return score if child.visit_count > 0 else score + stats.normalize(parent.value())
+
+    reference.ucb_score = parent_mean_for_unvisited
+    try:
+        wrong = [visits for visits, _, _ in run_reference(root, hashed_model(18), config, None)]
+    finally:
+        reference.ucb_score = original
+    assert wrong != counts.tolist()
+
+
+def test_dirichlet_noise_is_deterministic_under_a_generator():
+    invalid = random_invalid(8, 6, seed=3)
+    a = dirichlet_noise(0.3, invalid, torch.float64, torch.Generator().manual_seed(7))
+    b = dirichlet_noise(0.3, invalid, torch.float64, torch.Generator().manual_seed(7))
+    c = dirichlet_noise(0.3, invalid, torch.float64, torch.Generator().manual_seed(8))
+    assert torch.equal(a, b) and not torch.equal(a, c)
+    assert (a[invalid] == 0).all() and torch.allclose(a.sum(-1), torch.ones(8, dtype=torch.float64))
+
+    root = roots(6, 5, seed=1)
+    config = SearchConfig(num_simulations=20, dirichlet_fraction=0.25)
+    runs = [search(root, hashed_model(5), config, generator=torch.Generator().manual_seed(s)) for s in (1, 1, 2)]
+    assert torch.equal(runs[0].tree.prior[:, 0], runs[1].tree.prior[:, 0])
+    assert torch.equal(runs[0].visit_counts, runs[1].visit_counts)
+    assert torch.equal(runs[0].action, runs[1].action)
+    assert not torch.equal(runs[0].tree.prior[:, 0], runs[2].tree.prior[:, 0])
+    # the root prior is (1 - 0.25) * softmax(logits) + 0.25 * noise: a distribution no lower than 0.75 * prior
+    clean = torch.softmax(root.prior_logits, -1)
+    assert torch.allclose(runs[0].tree.prior[:, 0].sum(-1), torch.ones(6, dtype=torch.float64))
+    assert (runs[0].tree.prior[:, 0] >= 0.75 * clean - 1e-12).all()
+
+
+def test_temperature_sampling():
+    root = roots(4, 6, seed=2)
+    config = SearchConfig(num_simulations=30, dirichlet_fraction=0.0)
+    greedy = search(root, hashed_model(6), config, temperature=0.0)
+    assert torch.equal(greedy.action, greedy.visit_counts.argmax(-1))
+    draws = [search(root, hashed_model(6), config, temperature=torch.tensor([0.0, 1.0, 1.0, 0.0]),
+                    generator=torch.Generator().manual_seed(s)).action for s in range(16)]
+    draws = torch.stack(draws)  # [16, B]
+    assert (draws[:, 0] == greedy.action[0]).all() and (draws[:, 3] == greedy.action[3]).all()
+    for b in (1, 2):  # sampled in proportion to the visits: only visited actions, and more than one of them
+        assert (greedy.visit_counts[b, draws[:, b]] > 0).all()
+        assert len(set(draws[:, b].tolist())) > 1
+
+
+def bandit(q: list[float]):
+    """A one-step bandit: action a pays q[a] and ends the episode (discount 0); every value is 0."""
+    payoff = torch.tensor(q, dtype=torch.float64)
+
+    def recurrent_fn(embedding, actions):
+        b = actions.shape[0]
+        return RecurrentOutput(payoff[actions], torch.zeros(b, dtype=torch.float64),
+                               torch.zeros(b, len(q), dtype=torch.float64), torch.zeros(b, dtype=torch.float64),
+                               embedding)
+
+    return recurrent_fn
+
+
+def bandit_root(batch: int, num_actions: int, logits: list[float] | None = None) -> RootInput:
+    prior_logits = torch.zeros(batch, num_actions, dtype=torch.float64)
+    if logits is not None:
+        prior_logits[:] = torch.tensor(logits, dtype=torch.float64)
+    return RootInput(prior_logits, torch.zeros(batch, dtype=torch.float64), torch.zeros(batch, 1))
+
+
+def test_sequential_halving_schedule_by_hand():
+    # m = 4 actions, n = 8 simulations, log2(4) = 2 phases: first every action once (8 / (2 * 4) = 1 visit each),
+    # then the best 2 get 8 / (2 * 2) = 2 more each.
+    assert considered_visits_sequence(4, 8) == (0, 0, 0, 0, 1, 1, 2, 2)
+    # m = 2, n = 5: one phase of max(1, 5 // 2) = 2 visits each, then the phase repeats with 2 actions.
+    assert considered_visits_sequence(2, 5) == (0, 0, 1, 1, 2)
+    # m = 3, n = 12: ceil(log2 3) = 2; 12 / (2 * 3) = 2 visits each (6), then 2 actions get 12 / (2 * 2) = 3 more.
+    assert considered_visits_sequence(3, 12) == (0, 0, 0, 1, 1, 1, 2, 2, 3, 3, 4, 4)
+    assert considered_visits_sequence(1, 3) == (0, 1, 2)
+
+    # On a bandit with 6 actions, 4 considered, 8 simulations, no Gumbel noise: the 4 highest logits are considered
+    # (actions 1, 2, 3, 4: 1 visit each); the 2 of them with the best logits + sigma(Q) (actions 3 and 4: Q 0.9
+    # and 0.8 beat action 1 and 2's 0.1, the logits differ by 0.01) get 2 more each.
+    logits = [0.0, 0.03, 0.02, 0.01, 0.04, -1.0]
+    q = [1.0, 0.1, 0.1, 0.9, 0.8, 1.0]
+    config = SearchConfig(num_simulations=8, algorithm="gumbel", max_num_considered_actions=4, gumbel_scale=0.0)
+    out = search(bandit_root(2, 6, logits), bandit(q), config)
+    assert out.visit_counts.tolist() == [[0, 1, 1, 3, 3, 0]] * 2
+    assert out.action.tolist() == [3, 3]  # Q 0.9 beats 0.8 once sigma scales them
+
+
+def test_gumbel_finds_the_best_arm_with_many_simulations():
+    q = [0.1, 0.5, 0.2, 1.0, 0.4, 0.0, 0.3, 0.45]
+    config = SearchConfig(num_simulations=200, algorithm="gumbel", max_num_considered_actions=8)
+    out = search(bandit_root(32, 8), bandit(q), config, generator=torch.Generator().manual_seed(0))
+    assert (out.action == 3).all()
+    # the improved policy ranks the arms by their value and moves weight to the best one
+    weights = out.action_weights[0]
+    assert torch.argsort(weights).tolist() == sorted(range(8), key=lambda a: q[a])
+    assert (out.action_weights[:, 3] > 1.0 / 8).all()
+    assert torch.allclose(out.action_weights.sum(-1), torch.ones(32, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("simulations", [2, 3, 4])
+def test_gumbel_with_few_simulations_returns_a_considered_valid_action(simulations):
+    invalid = random_invalid(16, 8, seed=5)
+    config = SearchConfig(num_simulations=simulations, algorithm="gumbel", max_num_considered_actions=4)
+    root = roots(16, 8, seed=simulations, dtype=torch.float64)
+    out = search(root, hashed_model(8), config, generator=torch.Generator().manual_seed(1), invalid_actions=invalid)
+    assert not invalid.gather(1, out.action.unsqueeze(1)).any()
+    chosen_visits = out.visit_counts.gather(1, out.action.unsqueeze(1)).squeeze(1)
+    assert (chosen_visits > 0).all() and (chosen_visits == out.visit_counts.amax(-1)).all()
+    assert (out.visit_counts[invalid] == 0).all() and (out.action_weights[invalid] == 0).all()
+    assert (out.visit_counts.sum(-1) == simulations).all()
+
+
+def test_gumbel_improved_policy_prefers_better_actions_deeper_too():
+    """With a model whose rewards favour action 0 everywhere, the interior selection and the policy target both
+    move towards it from a uniform prior."""
+
+    def recurrent_fn(embedding, actions):
+        b = actions.shape[0]
+        reward = torch.where(actions == 0, 1.0, 0.0).to(torch.float64)
+        return RecurrentOutput(reward, torch.full((b,), 0.9, dtype=torch.float64),
+                               torch.zeros(b, 4, dtype=torch.float64), torch.zeros(b, dtype=torch.float64), embedding)
+
+    config = SearchConfig(num_simulations=32, algorithm="gumbel", max_num_considered_actions=4, gumbel_scale=0.0)
+    out = search(bandit_root(3, 4), recurrent_fn, config)
+    assert (out.action == 0).all()
+    assert (out.action_weights[:, 0] > out.action_weights[:, 1:].amax(-1)).all()
+    assert (out.tree.depth.amax(-1) >= 2).all()  # it did search below the root
+
+
+def test_every_output_has_the_documented_shape_and_dtype():
+    root = roots(3, 5, seed=4, dtype=torch.float32)
+    for algorithm in ("puct", "gumbel"):
+        out = search(root, hashed_model(5, torch.float32), SearchConfig(num_simulations=7, algorithm=algorithm),
+                     generator=torch.Generator().manual_seed(0))
+        assert out.action.shape == (3,) and out.action.dtype == torch.int64
+        assert out.action_weights.shape == (3, 5) and out.action_weights.dtype == torch.float32
+        assert out.root_value.shape == (3,) and out.visit_counts.shape == (3, 5)
+        assert out.tree.children_index.shape == (3, 8, 5) and out.tree.parent.shape == (3, 8)
+        assert out.tree.embeddings.shape == (3, 8, 1)
+        assert out.tree.parent[:, 0].tolist() == [-1, -1, -1] and (out.tree.parent[:, 1:] >= 0).all()
+        out.action_weights.add_(0)  # ordinary tensors for the caller, not inference tensors
+    with pytest.raises(ValueError, match="RootInput.value"):
+        search(RootInput(root.prior_logits, root.value[:2], root.embedding), hashed_model(5), SearchConfig())
+    with pytest.raises(ValueError, match="algorithm"):
+        SearchConfig(algorithm="ucb")
+
+
+def _search_on(device: torch.device, algorithm: str):
+    root = roots(6, 7, seed=11)
+    root = RootInput(root.prior_logits.to(device), root.value.to(device), root.embedding.to(device))
+    config = SearchConfig(num_simulations=30, algorithm=algorithm, dirichlet_fraction=0.0, gumbel_scale=0.0)
+    return search(root, hashed_model(7), config, temperature=0.0)
+
+
+@pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
+def test_runs_on_the_cpu(algorithm):
+    out = _search_on(torch.device("cpu"), algorithm)
+    assert out.visit_counts.sum().item() == 6 * 30
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
+def test_cuda_gives_the_cpu_trees(algorithm):
+    cpu = _search_on(torch.device("cpu"), algorithm)
+    cuda = _search_on(torch.device("cuda"), algorithm)
+    assert cuda.visit_counts.device.type == "cuda"
+    assert torch.equal(cuda.visit_counts.cpu(), cpu.visit_counts)
+    assert torch.equal(cuda.tree.children_index.cpu(), cpu.tree.children_index)
+    assert torch.equal(cuda.action.cpu(), cpu.action)
