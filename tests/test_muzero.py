@@ -24,6 +24,7 @@ from seed.agents.muzero.targets import (
     value_prefix_targets,
     value_transform,
 )
+from seed.contracts import InferenceBatch
 from seed.learner import Learner
 from seed.learner_main import resolve_config
 from seed.serving.slab import REPLY_OK
@@ -254,6 +255,53 @@ def test_act_stores_the_search_policy_and_root_value_and_a_training_step_updates
     online, target = learner.agent.network.state_dict(), learner.agent.target_network.state_dict()
     assert all(torch.equal(online[k], target[k]) for k in online)  # copied at update 2
     assert not np.allclose(before, replay.tree.get(np.arange(replay.size)))
+
+
+def test_resnet_variant_acts_and_trains_on_stacked_frames(tmp_path):
+    """The Atari network (EfficientZero's ResNet, narrowed) on fake:atari frames: a 6 x 6 latent from 84 x 84, the
+    frame stack kept as per-env state by `act`, and a loss whose gradient reaches the first convolution."""
+    from seed.envs import make_spec
+
+    torch.set_num_threads(1)
+    config = _config(tmp_path, env="fake:atari", latent_channels=8, lstm_size=16, value_support_size=10,
+                     reward_support_size=5, unroll_length=2, num_simulations=3)
+    spec = make_spec("fake:atari", {})
+    agent = Agent(spec, config)
+    assert agent.network.represent(torch.zeros(1, 4, 84, 84, dtype=torch.uint8)).shape == (1, 8, 6, 6)
+    state = agent.initial_state(2)
+    frames = torch.randint(0, 255, (2, 84, 84), dtype=torch.uint8)
+    batch = InferenceBatch(env_ids=torch.arange(2), observation=frames, reward=torch.zeros(2),
+                           done=torch.tensor([True, False]), prev_action=torch.zeros(2, dtype=torch.int64))
+    out = agent.act(agent.network.eval(), batch, state)
+    assert out.action.shape == (2,) and out.outputs["search_policy"].shape == (2, 18)
+    assert torch.equal(out.state["frames"][:, -1], frames)
+    agent.network.train()
+    length = config.burn_in + config.unroll_length + 1
+    steps = dict(observation=torch.randint(0, 255, (length, 2, 84, 84), dtype=torch.uint8),
+                 reward=torch.ones(length, 2), done=torch.zeros(length, 2, dtype=torch.bool),
+                 truncated=torch.zeros(length, 2, dtype=torch.bool),
+                 prev_action=torch.zeros(length, 2, dtype=torch.long),
+                 action=torch.randint(0, 18, (length, 2)), valid=torch.ones(length, 2, dtype=torch.bool),
+                 policy_version=torch.zeros(length, 2, dtype=torch.long),
+                 search_policy=torch.full((length, 2, 18), 1 / 18), root_value=torch.zeros(length, 2))
+    unrolls = Unroll(steps, {"frames": torch.zeros(2, 3, 84, 84, dtype=torch.uint8)}, torch.arange(2))
+    loss = agent.loss(TrainingBatch(unrolls, torch.ones(2)))
+    loss.loss.backward()
+    assert math.isfinite(float(loss.loss.detach())) and float(agent.network.stem.weight.grad.abs().sum()) > 0
+
+
+def test_reanalyse_recomputes_policy_targets_and_root_values_by_search(tmp_path):
+    config = _config(tmp_path, num_simulations=8)
+    agent = Agent(_spec(), config)
+    unrolls = Unroll.stack(_hand_unrolls(config, count=2))
+    fresh = agent.reanalyse(unrolls)
+    length = config.burn_in + config.unroll_length + 1
+    assert fresh.search_policy.shape == (length, 2, 4) and fresh.root_value.shape == (length, 2)
+    # Normalised visit counts of 8 simulations (the stored targets were arbitrary fractions); the rest is kept.
+    torch.testing.assert_close(fresh.search_policy.sum(-1), torch.ones(length, 2))
+    assert bool(((fresh.search_policy * 8).round() - fresh.search_policy * 8).abs().max() < 1e-4)
+    assert not torch.equal(fresh.search_policy, unrolls.search_policy)
+    assert torch.equal(fresh.observation, unrolls.observation) and torch.equal(fresh.action, unrolls.action)
 
 
 def test_contradictory_flags_are_refused(tmp_path):

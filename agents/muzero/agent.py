@@ -58,7 +58,7 @@ def default_config(env_family: str) -> dict[str, Any]:
     if env_family == "atari":
         return dict(ATARI_EFFICIENTZERO)
     if env_family in ("gym", "fake"):
-        return dict(network="mlp", mlp_sizes="64", latent_size=64, lstm_size=64, value_support_size=20,
+        return dict(network="auto", mlp_sizes="64", latent_size=64, lstm_size=64, value_support_size=20,
                     reward_support_size=5, num_simulations=25, unroll_steps=5, td_steps=5, burn_in=9,
                     unroll_length=10, value_prefix_horizon=5, discounting=0.99, batch_size=16, learning_rate=1e-3,
                     grad_clip_norm=10.0, priority_exponent=0.6, importance_sampling_exponent=0.4,
@@ -181,12 +181,12 @@ class Agent:
 
         return recurrent_fn
 
-    def _act(self, network: MuZeroNetwork, batch: InferenceBatch, state: State, evaluate: torch.Tensor
-             ) -> ActOutput:
+    def _search(self, network: MuZeroNetwork, stacked: torch.Tensor, evaluate: torch.Tensor) -> Any:
+        """One search per row of stacked observations [B, S, *frame]; rows where `evaluate` [B] is set get no root
+        noise and temperature 0. Returns the SearchOutput."""
         from seed.agents.muzero.search import RootInput, search
 
-        stacked, new_state = self._stacked(batch.observation.unsqueeze(0), batch.done.unsqueeze(0), state)
-        latent, policy_logits, value_logits = network.initial_inference(stacked[0])
+        latent, policy_logits, value_logits = network.initial_inference(stacked)
         rows = latent.shape[0]
         h, c = network.initial_state_lstm(rows, latent.device)
         embedding = {"latent": latent, "h": h, "c": c, "prefix": torch.zeros(rows, device=latent.device),
@@ -194,11 +194,31 @@ class Agent:
         root = RootInput(prior_logits=self._root_prior(policy_logits, ~evaluate),
                          value=support_to_scalar(value_logits), embedding=embedding)
         temperature = torch.where(evaluate, 0.0, self.config.visit_temperature)
-        out = search(root, self._recurrent_fn(network), self.search_config, temperature=temperature)
+        return search(root, self._recurrent_fn(network), self.search_config, temperature=temperature)
+
+    def _act(self, network: MuZeroNetwork, batch: InferenceBatch, state: State, evaluate: torch.Tensor
+             ) -> ActOutput:
+        stacked, new_state = self._stacked(batch.observation.unsqueeze(0), batch.done.unsqueeze(0), state)
+        out = self._search(network, stacked[0], evaluate)
         greedy_by = out.visit_counts if self.config.search == "puct" else out.action_weights
         action = torch.where(evaluate, greedy_by.argmax(-1), out.action)
         return ActOutput(action=action, outputs={"search_policy": out.action_weights.float(),
                                                  "root_value": out.root_value.float()}, state=new_state)
+
+    @torch.no_grad()
+    def reanalyse(self, unrolls: Unroll, network: MuZeroNetwork | None = None) -> Unroll:
+        """EfficientZero's reanalysis, the hook for --reanalyse_ratio: the sequences [L, B] with the policy targets
+        (`search_policy`) and root values recomputed by a search of every stored step with `network` (default: the
+        target network), without root noise. The value targets need nothing: the loss bootstraps them from the
+        target network at every update."""
+        network = network or self.target_network
+        length, batch = unrolls.reward.shape
+        stacked = self.stacked_observations(unrolls).flatten(0, 1)
+        out = self._search(network, stacked, torch.ones(length * batch, dtype=torch.bool, device=stacked.device))
+        steps = dict(unrolls.steps)
+        steps["search_policy"] = out.action_weights.float().view(length, batch, -1)
+        steps["root_value"] = out.root_value.float().view(length, batch)
+        return Unroll(steps, unrolls.initial_state, unrolls.env_id)
 
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
         """One search for every row; the last `num_eval_envs` env ids (and padded rows) play greedily."""
