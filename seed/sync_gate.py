@@ -25,11 +25,15 @@ serving process) starts at the beginning of that rollout, on fresh rows:
     counted at the sync point but answered stale at once (`drop_superseded`; the old run's stream holds the
     slot until it has a reply): the gate waits for the new run, which plays the rollout in progress;
   * if the gate opened counting a held request that was superseded before it was served (the handshake landed
-    in between), that request is answered stale and the index owes the rollout that just ended: its new run
-    plays that rollout again (its T + 1 steps complete the missing unrolls, acted with the newer version, a
-    policy lag of 0 for those envs) and then the rollout in progress, while the other actors wait at the next
-    sync point. The batch is complete and every unroll in it is one run's consecutive steps; no data is dropped,
-    and the run never waits for an update that cannot happen.
+    in between; or the request was refused as invalid), that request is not served and the index owes the
+    rollout that just ended: its new run plays that rollout again (its T + 1 steps complete the missing unrolls,
+    acted with the newer version: a policy lag of 0 for those envs) and then the rollout in progress; the other
+    actors play the rollout in progress meanwhile and wait for it at the next sync point.
+
+So a rollout that lost an actor's unrolls is completed by that actor's next run rather than trained short or
+dropped: every batch still holds one unroll of every env, each unroll one run's consecutive steps, and no sync
+point waits for an update that cannot happen. (The FIFO's prefetcher refuses a batch with two unrolls of one env,
+seed/experience.py, should that ever fail.)
 
 `start_over` does the same for actors whose unrolls in progress were lost (the unroll store failed). A missing
 actor holds everyone: HTS is synchronous. A gate that waits longer than `wait_log_s` says for whom (a warning
