@@ -5,6 +5,7 @@
     seed-bench --config=cartpole --env_groups=2 --baselines=env_only --out=bench_results/cartpole_groups2.json
     seed-bench --config=fake_mlp --sweep=actors --values=1,2,4 --out=bench_results/sweep_actors.json
     seed-bench --list
+    seed-bench search --cpu=0 --out=bench_results/search.json    (the MuZero tree search: seed/bench/search_speed.py)
 
 A run starts the learner (`python -m seed.learner_main`) with the named configuration from the shipped
 seed/bench/configs.yaml or --bench_configs (flags typed here override it), waits until it serves (gRPC
@@ -150,6 +151,11 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
+    if sys.argv[1:2] == ["search"]:  # `seed-bench search ...`: the tree-search micro-benchmark, its own flags
+        from seed.bench.search_speed import main as search_main
+
+        search_main(sys.argv[2:])
+        return
     _define_bench_flags()
     app.run(main)
 
