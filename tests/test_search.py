@@ -293,3 +293,21 @@ def test_cuda_gives_the_cpu_trees(algorithm):
     assert torch.equal(cuda.visit_counts.cpu(), cpu.visit_counts)
     assert torch.equal(cuda.tree.children_index.cpu(), cpu.tree.children_index)
     assert torch.equal(cuda.action.cpu(), cpu.action)
+
+
+def test_seed_bench_search_writes_its_result(tmp_path):
+    """`seed-bench search` (seed/bench/search_speed.py) on a tiny configuration: a result file with a rate per
+    implementation (speed itself is not asserted)."""
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "search.json"
+    subprocess.run([sys.executable, "-m", "seed.bench", "search", "--batch=3", "--simulations=4", "--actions=5",
+                    "--warmup=1", "--repeats=2", f"--out={out}"], check=True, capture_output=True, timeout=300)
+    result = json.loads(out.read_text())
+    assert result["schema"] == "seed-bench-search/1"
+    assert result["config"]["batch"] == 3 and result["config"]["simulations"] == 4
+    for name in ("seed_puct", "seed_gumbel"):
+        assert result["results"][name]["expansions_per_s"] > 0
+        assert result["results"][name]["repeats"] == 2
