@@ -9,13 +9,14 @@ import signal
 import threading
 import time
 
+import numpy as np
 import psutil
 import pytest
 import torch
 
 from seed import checkpoint
 from seed.training_liveness import FAULT_ENV, TrainingFault, step_allowance_s
-from seed.unroll import Unroll
+from seed.unroll import TrainingBatch, Unroll
 from tests.conftest import assert_optimizer_continued, read_metrics, wait_for
 
 
@@ -105,6 +106,58 @@ def _check_exact_updates_served_and_checkpointed(processes, tmp_path, **override
     assert rows[-1]["train_steps"] == 25
     assert any(r.get("training_process/step_ms") for r in rows), rows[-1]
     assert any(r.get("losses/total") is not None for r in rows)
+
+
+def test_inference_is_told_the_version_of_the_parameters_it_got(processes, tmp_path):
+    """The label of each publish is the version of the weights published, also when the child has written the
+    next update since it reported the last one the learner received. Ground truth: a thread here copies the shared
+    parameters whenever the child has written a new version (kept only if no write began or ended during the
+    copy). Each receive is followed by a 30 ms pause, so that the child, fed by the actor, is often an update ahead
+    when the learner reads the parameters (labelled with the last update received, they were the next update's)."""
+    from seed.learner import Learner
+
+    learner = Learner(_config(tmp_path, max_train_steps=30, checkpoint_interval_s=3600))
+    inference, process = learner.inferences[0], learner.training_process
+    shared, header = process.parameters, process.parameters._header  # (version, writing) as the child wrote them
+    written: dict[int, dict[str, torch.Tensor]] = {}
+    published: list[tuple[int, dict[str, torch.Tensor]]] = []
+    stop = threading.Event()
+
+    def watch_writes():
+        while not stop.wait(0.0005):
+            version, writing = header.tolist()
+            if writing or version in written:
+                continue
+            copy = {name: tensor.clone() for name, tensor in shared.tensors.items()}
+            if header.tolist() == [version, 0]:
+                written[version] = copy
+
+    publish, receive = inference.publish, process.receive
+
+    def recording_publish(parameters, version=None):
+        published.append((version, {name: tensor.clone() for name, tensor in parameters.items()}))
+        publish(parameters, version)
+
+    def slow_receive(timeout_s):
+        updates = receive(timeout_s)
+        if updates:
+            time.sleep(0.03)
+        return updates
+
+    inference.publish, process.receive = recording_publish, slow_receive
+    watcher = threading.Thread(target=watch_writes)
+    watcher.start()
+    try:
+        _run_to_max_train_steps(processes, tmp_path, learner)
+    finally:
+        stop.set()
+        watcher.join()
+    compared = [version for version, _ in published if version in written]
+    assert len(compared) >= 10, (sorted(written), [version for version, _ in published])
+    for version, parameters in published:
+        for name, tensor in written.get(version, {}).items():
+            assert torch.equal(parameters[name], tensor), f"published as version {version}, {name} is not its"
+    assert published[-1][0] == 30
 
 
 def test_a_killed_training_process_ends_the_learner_loudly(processes, tmp_path):
@@ -291,6 +344,46 @@ def test_r2d2_trains_in_its_process_and_the_learner_writes_the_priorities(proces
     rows = read_metrics(learner.config.logdir)
     assert any(r.get("training_process/step_ms") for r in rows), rows[-1]
     assert rows[-1]["replay_priority_updates"] > 0, rows[-1]
+
+
+def test_r2d2_each_update_s_priorities_reach_the_replay_slots_its_batch_was_sampled_from(processes, tmp_path):
+    """Update k's priorities are written to exactly the slots and generations of the k-th batch the feeder sampled
+    (the count of priority updates alone would not see them go to the previous batch's slots), and they are that
+    batch's: with a learning rate too small to move any float32 weight (1e-30), the child's network stays the
+    learner's, so the learner's agent computes the same priorities from the batch."""
+    from seed.learner import Learner
+
+    learner = Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=64, replay_min_size=8,
+                              target_update_interval=4, max_train_steps=12, checkpoint_interval_s=3600,
+                              learning_rate=1e-30))
+    initial = {name: tensor.clone() for name, tensor in learner.agent.network.state_dict().items()}
+    replay = learner.experience.replay
+    sampled, written = [], []
+    sample, update_priorities = replay.sample, replay.update_priorities
+
+    def recording_sample(timeout_s):
+        batch = sample(timeout_s)
+        if batch is not None:
+            sampled.append(batch)
+        return batch
+
+    def recording_update_priorities(indices, priorities, generations):
+        written.append((np.array(indices), np.array(priorities), np.array(generations)))
+        update_priorities(indices, priorities, generations)
+
+    replay.sample, replay.update_priorities = recording_sample, recording_update_priorities
+    _run_to_max_train_steps(processes, tmp_path, learner)
+    assert len(written) == 12 and len(sampled) >= 12, (len(written), len(sampled))
+    trained = learner.agent.network.state_dict()  # the child's, loaded by the final checkpoint
+    for name, tensor in initial.items():
+        torch.testing.assert_close(trained[name], tensor, rtol=0, atol=1e-20)
+    pairs = zip(written, sampled[:12], strict=True)  # the feeder samples its next batch before it may send it
+    for update, ((indices, priorities, generations), batch) in enumerate(pairs, start=1):
+        np.testing.assert_array_equal(indices, batch.indices, err_msg=f"update {update}: replay slots")
+        np.testing.assert_array_equal(generations, batch.generations, err_msg=f"update {update}: generations")
+        expected = learner.agent.loss(TrainingBatch(batch.unrolls, batch.importance_weights)).priorities
+        np.testing.assert_allclose(priorities, expected.detach().double().numpy(), rtol=1e-5,
+                                   err_msg=f"update {update}: priorities")
 
 
 @pytest.mark.parametrize("overrides, message", [
