@@ -284,6 +284,32 @@ def test_runs_on_the_cpu(algorithm):
     assert out.visit_counts.sum().item() == 6 * 30
 
 
+@pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
+def test_the_tensor_code_path_gives_the_numpy_trees(monkeypatch, algorithm):
+    """On the CPU the simulation loop runs on numpy views of the tree; every other device runs the same functions
+    on the tensors (no data-dependent shapes, every tree's choices refreshed). Run that path on the CPU too: the
+    same trees, so a GPU-only mistake in it shows here without a GPU."""
+    import seed.agents.muzero.search as search_package
+
+    root = roots(9, 7, seed=12)
+    invalid = random_invalid(9, 7, seed=3)
+    config = SearchConfig(num_simulations=40, algorithm=algorithm, dirichlet_fraction=0.25)
+
+    def run():
+        return search(root, hashed_model(7), config, temperature=0.0, invalid_actions=invalid,
+                      generator=torch.Generator().manual_seed(5))
+
+    numpy_out = run()
+    monkeypatch.setattr(search_package, "NUMPY_ON_CPU", False)
+    tensor_out = run()
+    assert torch.equal(tensor_out.visit_counts, numpy_out.visit_counts)
+    assert torch.equal(tensor_out.tree.children_index, numpy_out.tree.children_index)
+    assert torch.equal(tensor_out.tree.visit_count, numpy_out.tree.visit_count)
+    assert torch.equal(tensor_out.action, numpy_out.action)
+    assert torch.allclose(tensor_out.action_weights, numpy_out.action_weights, rtol=0, atol=1e-12)
+    assert numpy_out.tree.depth.amax() >= 3  # deep enough that the descent and the backup loop over depth
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
 def test_cuda_gives_the_cpu_trees(algorithm):

@@ -29,6 +29,9 @@ discount (0 after a terminal); pUCT's Q is min-max normalised per tree over the 
 
 from __future__ import annotations
 
+from typing import Any
+
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -38,7 +41,7 @@ from seed.agents.muzero.search.gumbel import (
     refresh_choices,
     select_gumbel_root,
 )
-from seed.agents.muzero.search.puct import backup, refresh_prior_scores, refresh_puct_choices
+from seed.agents.muzero.search.puct import backup, refresh_path, refresh_trees
 from seed.agents.muzero.search.tree import (
     LOGITS,
     PRIOR,
@@ -55,6 +58,11 @@ from seed.agents.muzero.search.types import RecurrentFn, RecurrentOutput, RootIn
 
 __all__ = ["RecurrentFn", "RecurrentOutput", "RootInput", "SearchConfig", "SearchOutput", "Tree", "search",
            "dirichlet_noise", "sample_action", "DepthBound"]
+
+
+# Run the CPU search on numpy views of the tree (False: on the tensors, as on every other device; the tests use it
+# to check that code path without a GPU).
+NUMPY_ON_CPU = True
 
 
 class DepthBound:
@@ -158,7 +166,9 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
     dtype, device = root.value.dtype, root.value.device
     simulations = config.num_simulations
     n = simulations + 1
-    tree = new_tree(b, n, a, root.embedding, dtype, device)
+    # The loop below runs on tree.arrays: numpy views on the CPU, the tensors elsewhere (see tree.py).
+    host = device.type == "cpu" and NUMPY_ON_CPU
+    tree = new_tree(b, n, a, root.embedding, dtype, device, host)
     if invalid_actions is not None:
         tree.root_invalid.copy_(invalid_actions.to(torch.bool))
     invalid = tree.root_invalid
@@ -176,50 +186,51 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
     root_edges[:, LOGITS] = logits
     tree_map2(lambda store, x: store[:-1].view(b, n, *store.shape[1:])[:, 0].copy_(x), tree.flat_embeddings,
               root.embedding)
-    base = tree.base
+
+    def array(x: Tensor) -> Any:
+        return x.numpy() if host else x
+
+    t = tree.arrays
     if gumbel:
         uniform = torch.rand(b, a, dtype=dtype, device=device, generator=generator)
         gumbel_noise = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(dtype).tiny))) * config.gumbel_scale
+        gumbel_logits = gumbel_noise + (logits - logits.amax(-1, keepdim=True))  # [B, A]
         table = torch.tensor(considered_visits_table(config.max_num_considered_actions, simulations), device=device)
         considered = (a - invalid.sum(-1)).clamp_max(config.max_num_considered_actions)
-        considered_visits = table.index_select(0, considered).to(dtype)  # [B, simulations]
+        considered_visits = table.index_select(0, considered).to(dtype).T.contiguous()  # [simulations, B]
+        root_args = array(gumbel_logits), array(considered_visits), array(invalid)
     else:
-        root_mask = torch.zeros(b, a, dtype=dtype, device=device).masked_fill(invalid, -torch.inf)
-        refresh_prior_scores(tree, base.unsqueeze(1), root_mask, config.pb_c_base, config.pb_c_init)
-        refresh_puct_choices(tree, 1)
+        root_mask = array(torch.zeros(b, a, dtype=dtype, device=device).masked_fill(invalid, -torch.inf))
+        refresh_path(t, t.base, t.node[t.base, VISITS], root_mask, config.pb_c_base, config.pb_c_init)
     depth = DepthBound(device)
-    # On the CPU the per-depth loops (the descent here, the discounted returns in the backup) run on numpy views.
-    host = device.type == "cpu"
-    next_row = tree.next_row.numpy() if host else tree.next_row
-    base_steps = base.numpy() if host else base
     for k in range(simulations):
         if gumbel:
-            select_gumbel_root(tree, considered_visits[:, k], gumbel_noise, config)
-        rows = base_steps
+            select_gumbel_root(t, root_args[0], root_args[1][k], root_args[2], config)
+        rows = t.base
         path = [rows]
         for _ in range(depth.bound(k)):  # a node whose chosen edge is unexpanded leads back to itself
-            rows = next_row[rows]
+            rows = t.next_row.take(rows)
             path.append(rows)
-        if host:
-            path = [torch.from_numpy(p) for p in path]
-            rows = path[-1]
-        actions = tree.choice.index_select(0, rows)
-        leaf_value, leaf_depth = expand(tree, rows, actions, torch.add(actions, rows, alpha=a), k + 1, recurrent_fn)
+        actions = t.choice.take(rows)
+        leaf_value, leaf_depth = expand(tree, rows, actions, k + 1, recurrent_fn)
         depth.update(k + 1, leaf_depth)
         if depth.exact:  # on the CPU: back up only as deep as the deepest new leaf
             path = path[:depth.last_leaf_depth]
-        backed = backup(tree, torch.stack(path, 1), base + (k + 1), leaf_value, host)
+        backed, visits, rescaled = backup(t, path, t.base + (k + 1), leaf_value)
         if gumbel:
-            refresh_choices(tree, backed, config)
+            refresh_choices(t, backed, config)
         else:
-            refresh_prior_scores(tree, backed, root_mask, config.pb_c_base, config.pb_c_init)
-            refresh_puct_choices(tree, k + 2)
+            refresh_path(t, backed, visits, root_mask, config.pb_c_base, config.pb_c_init)
+            # Every node's score moved in the trees whose normalisation changed (on the host: only those trees).
+            trees = np.flatnonzero(rescaled)[:, None] if host else t.tree_index
+            if len(trees):
+                refresh_trees(t, trees, k + 2)
 
     roots = tree.node[:-1].view(b, n, -1)[:, 0]
     root_value = roots[:, VALUE_SUM] / roots[:, VISITS]
     visit_counts = tree.children_visits[:, 0].clone()
     if gumbel:
-        action, action_weights = gumbel_outcome(tree, gumbel_noise, config)
+        action, action_weights = gumbel_outcome(tree, gumbel_logits, config)
     else:
         action = sample_action(visit_counts, temperature, generator)
         action_weights = visit_counts / visit_counts.sum(-1, keepdim=True)

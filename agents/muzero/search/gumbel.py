@@ -21,13 +21,27 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import torch
 from torch import Tensor
 
-from seed.agents.muzero.search.tree import EDGE_VISITS, LOGITS, PRIOR, RAW_VALUE, Q, Tree
+from seed.agents.muzero.search.tree import (
+    EDGE_VISITS,
+    LOGITS,
+    PRIOR,
+    RAW_VALUE,
+    Array,
+    Q,
+    Tree,
+    TreeArrays,
+    namespace,
+    softmax,
+    take_rows,
+)
 from seed.agents.muzero.search.types import SearchConfig
 
 LOW_LOGIT = -1e9  # floor of g + logits + sigma, so that the considered-visits penalty (-inf) always dominates
+TINY = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float64).tiny))  # floor of a prior: float32, float64
 
 
 def considered_visits_sequence(max_num_considered: int, num_simulations: int) -> tuple[int, ...]:
@@ -57,78 +71,73 @@ def considered_visits_table(max_num_considered: int, num_simulations: int) -> li
     return [considered_visits_sequence(m, num_simulations) for m in range(max_num_considered + 1)]
 
 
-def completed_q_sigma(prior: Tensor, cached_q: Tensor, visits: Tensor, raw_value: Tensor,
-                      config: SearchConfig) -> Tensor:
+def completed_q_sigma(prior: Array, cached_q: Array, visits: Array, raw_value: Array,
+                      config: SearchConfig) -> Array:
     """sigma(completed Q), rescaled to [0, 1] over the node's actions before sigma (mctx's
     qtransform_completed_by_mix_value).
 
     prior, cached_q (reward + discount * value, -inf while unvisited), visits [..., A];
     raw_value [...] the network's value of the node. Returns [..., A].
     """
+    xp = namespace(prior)
     visited = visits > 0
-    q = torch.where(visited, cached_q, 0.0)
+    q = xp.where(visited, cached_q, 0.0)
     sum_visits = visits.sum(-1)
-    prior = prior.clamp_min(torch.finfo(prior.dtype).tiny)
-    visited_prior = torch.where(visited, prior, 0.0)
-    sum_prior = visited_prior.sum(-1, keepdim=True)
-    weighted_q = (visited_prior * q / torch.where(sum_prior > 0, sum_prior, 1.0)).sum(-1)
+    prior = xp.clip(prior, TINY[prior.dtype == xp.float64], None)
+    visited_prior = xp.where(visited, prior, 0.0)
+    sum_prior = visited_prior.sum(-1)[..., None]
+    weighted_q = (visited_prior * q / xp.where(sum_prior > 0, sum_prior, 1.0)).sum(-1)
     mixed = (raw_value + sum_visits * weighted_q) / (sum_visits + 1.0)
-    completed = torch.where(visited, q, mixed.unsqueeze(-1))
-    low = completed.amin(-1, keepdim=True)
-    high = completed.amax(-1, keepdim=True)
-    rescaled = (completed - low) / (high - low).clamp_min(1e-8)
-    return (config.maxvisit_init + visits.amax(-1, keepdim=True)) * config.value_scale * rescaled
+    completed = xp.where(visited, q, mixed[..., None])
+    low = xp.amin(completed, -1)[..., None]
+    high = xp.amax(completed, -1)[..., None]
+    rescaled = (completed - low) / xp.clip(high - low, 1e-8, None)
+    return (config.maxvisit_init + xp.amax(visits, -1)[..., None]) * config.value_scale * rescaled
 
 
-def _root(tree: Tree) -> tuple[Tensor, Tensor, Tensor]:
-    """The roots' edge rows [B, 8, A], visits [B, A] and network values [B]."""
-    edges = tree.edge[:-1].view(tree.num_trees, tree.num_nodes, *tree.edge.shape[1:])[:, 0]
-    return edges, edges[:, EDGE_VISITS], tree.node[:-1, RAW_VALUE].view(tree.num_trees, tree.num_nodes)[:, 0]
+def root_scores(t: TreeArrays, gumbel_logits: Array, considered_visit: Array, invalid: Array,
+                config: SearchConfig) -> Array:
+    """g + logits + sigma(completed Q) at the roots (floored at LOW_LOGIT) for the valid actions with
+    `considered_visit` [B, 1] visits, else -inf. gumbel_logits [B, A]: g + logits - max(logits); invalid [B, A]
+    bool. Returns [B, A]."""
+    xp = namespace(gumbel_logits)
+    edges = t.edges[:, 0]  # [B, 8, A]
+    visits = edges[:, EDGE_VISITS]
+    sigma = completed_q_sigma(edges[:, PRIOR], edges[:, Q], visits, t.nodes[:, 0, RAW_VALUE], config)
+    score = xp.clip(gumbel_logits + sigma, LOW_LOGIT, None)
+    return xp.where((visits != considered_visit) | invalid, -np.inf, score)
 
 
-def _considered_scores(considered_visit: Tensor, gumbel: Tensor, logits: Tensor, sigma: Tensor,
-                       visits: Tensor, invalid: Tensor) -> Tensor:
-    """g + logits + sigma (floored at LOW_LOGIT) for valid actions with `considered_visit` [B, 1] visits, else
-    -inf. All [B, A]."""
-    logits = logits - logits.amax(-1, keepdim=True)
-    score = (gumbel + logits + sigma).clamp_min(LOW_LOGIT)
-    return score.masked_fill((visits != considered_visit) | invalid, -torch.inf)
+def select_gumbel_root(t: TreeArrays, gumbel_logits: Array, considered_visit: Array, invalid: Array,
+                       config: SearchConfig) -> None:
+    """Sets the roots' choice and next row for one simulation; considered_visit [B] from the schedule,
+    gumbel_logits [B, A] (see root_scores), invalid [B, A] bool."""
+    choice = root_scores(t, gumbel_logits, considered_visit[:, None], invalid, config).argmax(-1)
+    t.choices[:, 0] = choice
+    t.next_rows[:, 0] = t.children[:, 0][t.tree_index[:, 0], choice]
 
 
-def select_gumbel_root(tree: Tree, considered_visit: Tensor, gumbel: Tensor, config: SearchConfig) -> None:
-    """Sets the roots' choice and next row for one simulation; considered_visit [B] from the schedule, gumbel
-    [B, A]."""
-    edges, visits, raw_value = _root(tree)
-    sigma = completed_q_sigma(edges[:, PRIOR], edges[:, Q], visits, raw_value, config)
-    score = _considered_scores(considered_visit.unsqueeze(1), gumbel, edges[:, LOGITS], sigma, visits,
-                               tree.root_invalid)
-    choice = score.argmax(1)
-    tree.choice.index_copy_(0, tree.base, choice)
-    tree.next_row.index_copy_(0, tree.base, tree.child_row.view(-1).index_select(
-        0, torch.add(choice, tree.base, alpha=tree.num_actions)))
-
-
-def refresh_choices(tree: Tree, rows: Tensor, config: SearchConfig) -> None:
+def refresh_choices(t: TreeArrays, rows: Array, config: SearchConfig) -> None:
     """Recomputes the interior action of rows [...] (any shape; the nodes just backed up through):
     argmax softmax(logits + sigma(completed Q)) - N(a) / (1 + sum_b N(b))."""
-    flat_rows = rows.reshape(-1)
-    edges = tree.edge[:, Q:LOGITS + 1].index_select(0, flat_rows)  # [R, 4, A]: Q, VISITS, PRIOR, LOGITS
-    q, visits, prior, logits = edges.unbind(1)
-    raw_value = tree.node[:, RAW_VALUE].index_select(0, flat_rows)
+    edges = take_rows(t.edge, rows)  # [..., 8, A]
+    q, visits, prior, logits = (edges[..., channel, :] for channel in (Q, EDGE_VISITS, PRIOR, LOGITS))
+    raw_value = t.node[rows, RAW_VALUE]
     sigma = completed_q_sigma(prior, q, visits, raw_value, config)
-    improved = torch.softmax(logits + sigma, -1)
-    choice = (improved - visits / (1.0 + visits.sum(-1, keepdim=True))).argmax(1)
-    tree.choice.index_copy_(0, flat_rows, choice)
-    tree.next_row.index_copy_(0, flat_rows, tree.child_row.view(-1).index_select(
-        0, torch.add(choice, flat_rows, alpha=tree.num_actions)))
+    improved = softmax(logits + sigma)
+    choice = (improved - visits / (1.0 + visits.sum(-1)[..., None])).argmax(-1)
+    t.choice[rows] = choice
+    t.next_row[rows] = t.child_row[rows, choice]
 
 
-def gumbel_outcome(tree: Tree, gumbel: Tensor, config: SearchConfig) -> tuple[Tensor, Tensor]:
+def gumbel_outcome(tree: Tree, gumbel_logits: Tensor, config: SearchConfig) -> tuple[Tensor, Tensor]:
     """(action [B] int64, improved policy [B, A]) after the search: the best of the most visited root actions on
     g + logits + sigma(completed Q), and softmax(logits + sigma(completed Q)) with invalid actions at 0."""
-    edges, visits, raw_value = _root(tree)
+    edges = tree.edge[:-1].view(tree.num_trees, tree.num_nodes, *tree.edge.shape[1:])[:, 0]
+    visits = edges[:, EDGE_VISITS]
+    raw_value = tree.raw_value[:, 0]
     sigma = completed_q_sigma(edges[:, PRIOR], edges[:, Q], visits, raw_value, config)
-    considered = visits.amax(-1, keepdim=True)
-    action = _considered_scores(considered, gumbel, edges[:, LOGITS], sigma, visits, tree.root_invalid).argmax(1)
+    score = torch.clip(gumbel_logits + sigma, LOW_LOGIT, None)
+    action = score.masked_fill((visits != visits.amax(-1, keepdim=True)) | tree.root_invalid, -torch.inf).argmax(1)
     weights = torch.softmax((edges[:, LOGITS] + sigma).masked_fill(tree.root_invalid, -torch.inf), -1)
     return action, weights

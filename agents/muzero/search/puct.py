@@ -16,124 +16,140 @@ included; the root has no edge into it and adds nothing). Ties go to the lowest 
 score -inf.
 
 The first term only changes when the node is backed up through, so it is cached per child (edge channel PB) and
-recomputed for the nodes of each backed-up path. After each backup every expanded node's choice is recomputed
-under the tree's new normalisation (`refresh_puct_choices`: elementwise ops over [B, nodes so far, A], cheaper
-than scoring during the descent), so the next descent is one gather per depth for all B trees.
+recomputed for the nodes of each backed-up path. After each backup the choice of every node whose score may have
+changed is recomputed (`refresh_path`: the backed-up nodes; `refresh_trees`: every expanded node of the trees
+whose normalisation changed), so the next descent is one gather per depth for all B trees.
+
+The functions take `TreeArrays` (numpy on the CPU, torch elsewhere; see tree.py) and use only what both spell
+the same.
 """
 
 from __future__ import annotations
 
 import numpy as np
-import torch
-from torch import Tensor
 
 from seed.agents.muzero.search.tree import (
+    ACTION,
     DISCOUNT,
-    EDGE,
     EDGE_VISITS,
+    PARENT_ROW,
     PB,
     PRIOR,
     REWARD,
     VALUE_SUM,
     VISITS,
+    Array,
     Q,
-    Tree,
+    TreeArrays,
+    namespace,
+    take_rows,
 )
 
+BACKUP_CHANNELS = (EDGE_VISITS, EDGE_VISITS + 3, Q)  # EDGE_VALUES = EDGE_VISITS + 3: visits, mean value, Q
 
-def prior_scores(prior: Tensor, children_visits: Tensor, visits: Tensor, pb_c_base: float, pb_c_init: float) -> Tensor:
+
+def prior_scores(prior: Array, children_visits: Array, visits: Array, pb_c_base: float, pb_c_init: float) -> Array:
     """pUCT's exploration term (log((N + c2 + 1) / c2) + c1) * (sqrt(N) / (n + 1)) * P.
 
     prior, children_visits [..., A]; visits [...] (N of the parent). Returns [..., A].
     """
-    pb_c = torch.log((visits + (pb_c_base + 1.0)) / pb_c_base) + pb_c_init
-    return (pb_c.unsqueeze(-1) * (visits.sqrt().unsqueeze(-1) / (children_visits + 1.0))) * prior
+    xp = namespace(prior)
+    pb_c = xp.log((visits + (pb_c_base + 1.0)) / pb_c_base) + pb_c_init
+    return (pb_c[..., None] * (xp.sqrt(visits)[..., None] / (children_visits + 1.0))) * prior
 
 
-def q_normaliser(tree: Tree) -> tuple[Tensor, Tensor]:
-    """(low [B], span [B]) such that ((Q - low) / span).clamp_min(0) is the normalised Q of a visited child and 0 for
-    an unvisited one (whose cached Q is -inf). Without a range (max_q <= min_q) low is +inf, so every normalised
-    value is 0."""
-    has_range = tree.max_q > tree.min_q
-    return torch.where(has_range, tree.min_q, torch.inf), torch.where(has_range, tree.max_q - tree.min_q, 1.0)
+def q_normaliser(min_q: Array, max_q: Array) -> tuple[Array, Array]:
+    """(low [B], span [B]) such that clip((Q - low) / span, 0) is the normalised Q of a visited child and 0 for an
+    unvisited one (whose cached Q is -inf). Without a range (max_q <= min_q) low is +inf, so every normalised value
+    is 0. min_q, max_q [B]."""
+    xp = namespace(min_q)
+    has_range = max_q > min_q
+    return xp.where(has_range, min_q, np.inf), xp.where(has_range, max_q - min_q, 1.0)
 
 
-def puct_choices(cache: Tensor, low: Tensor, span: Tensor) -> Tensor:
-    """argmax_a PB(a) + Qn(a), the lowest index among ties. cache [..., 2, A] (channels PB = 0, Q = 1); low, span
-    broadcast to [..., 1]. Returns [...] int64."""
-    return (cache[..., PB, :] + ((cache[..., Q, :] - low) / span).clamp_min_(0.0)).argmax(-1)
+def puct_choices(prior_score: Array, q: Array, low: Array, span: Array) -> Array:
+    """argmax_a PB(a) + Qn(a), the lowest index among ties. prior_score, q [..., A]; low, span broadcast to
+    [..., 1]. Returns [...] int64."""
+    xp = namespace(q)
+    return (prior_score + xp.clip((q - low) / span, 0.0, None)).argmax(-1)
 
 
-def refresh_puct_choices(tree: Tree, num_used: int) -> None:
-    """Recomputes the pUCT action (`Tree.choice`) and the child it leads to (`Tree.next_row`, the node's own row
-    while that edge is unexpanded) of nodes 0 .. num_used - 1 of every tree under the tree's current normalisation:
-    a few elementwise ops over [B, num_used, A] per simulation, after which the next descent is one gather per depth
-    for all B trees."""
-    b, n, a = tree.num_trees, tree.num_nodes, tree.num_actions
-    low, span = q_normaliser(tree)
-    caches = tree.edge[:-1, PB:Q + 1].view(b, n, 2, a)[:, :num_used]
-    choice = puct_choices(caches, low.view(b, 1, 1), span.view(b, 1, 1))  # [B, num_used]
-    tree.choice[:-1].view(b, n)[:, :num_used] = choice
-    next_rows = tree.child_row[:-1].view(b, n, a)[:, :num_used].gather(2, choice.unsqueeze(2))
-    tree.next_row[:-1].view(b, n)[:, :num_used] = next_rows.squeeze(2)
+def refresh_path(t: TreeArrays, rows: Array, visits: Array, root_mask: Array, pb_c_base: float,
+                 pb_c_init: float) -> None:
+    """Recomputes the cached exploration term (channel PB), the pUCT action (`choice`) and the child it leads to
+    (`next_row`, the node's own row while that edge is unexpanded) of the nodes just backed up through.
+
+    rows [M] (the first B are the roots, in tree order; the scratch row may appear) and their visits [M];
+    root_mask [B, A]: 0 for valid root actions, -inf for invalid ones, added to the root's scores so that they are
+    never selected.
+    """
+    edges = t.edge[rows, :PRIOR + 1]  # [M, 4, A]: PB, Q, VISITS, PRIOR
+    scores = prior_scores(edges[:, PRIOR], edges[:, EDGE_VISITS], visits, pb_c_base, pb_c_init)
+    scores[:root_mask.shape[0]] += root_mask
+    t.edge[rows, PB] = scores
+    low, span = q_normaliser(t.min_q, t.max_q)
+    trees = t.row_tree[rows]
+    choice = puct_choices(scores, edges[:, Q], low[trees][:, None], span[trees][:, None])  # [M]
+    t.choice[rows] = choice
+    t.next_row[rows] = t.child_row[rows, choice]
 
 
-def backup(tree: Tree, path: Tensor, leaf_rows: Tensor, leaf_value: Tensor, host: bool = False) -> Tensor:
+def refresh_trees(t: TreeArrays, trees: Array, num_used: int) -> None:
+    """Recomputes `choice` and `next_row` of nodes 0 .. num_used - 1 of `trees` [K, 1] int64 (the trees whose
+    normalisation changed: every node's score moved) from the cached exploration terms and Q."""
+    low, span = q_normaliser(t.min_q, t.max_q)
+    nodes = t.node_number[:, :num_used]  # [1, num_used]
+    edges = t.edges[trees, nodes, :Q + 1]  # [K, num_used, 2, A]: PB, Q
+    choice = puct_choices(edges[..., PB, :], edges[..., Q, :], low[trees][..., None], span[trees][..., None])
+    t.choices[trees, nodes] = choice
+    t.next_rows[trees, nodes] = t.children[trees, nodes, choice]
+
+
+def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array) -> tuple[Array, Array, Array]:
     """Backs the new leaves' values up to the roots (MuZero pseudocode `backpropagate`), all depths at once.
 
-    path [B, L] int64: the rows visited by the selection, root first; a row repeated from one step to the next is
-    where the descent stopped (it is padding). leaf_rows [B] int64, the new nodes, children of the last real row;
-    leaf_value [B] their network values. Every node on the path gets one visit and the discounted return from it,
+    path: L arrays [B] int64, the rows visited by the selection, root first; a row repeated from one step to the
+    next is where the descent stopped (it is padding). leaf_rows [B] int64, the new nodes, children of the last
+    real row; leaf_value [B] their network values. Every node on the path gets one visit and the discounted return
+    from it,
 
         G(leaf) = v,   G(parent) = r(child) + discount(child) * G(child),
 
     added to its value sum; the edge into each of them gets the child's visits, mean value and Q; the tree's
-    min_q / max_q take in those Q. Returns the backed-up rows [B, L + 1] (root first, leaf last, scratch-padded).
-    host: run the loop over depth on numpy views (CPU tensors only; the same arithmetic, fewer microseconds).
+    min_q / max_q take in those Q. Returns the backed-up rows [M] (the roots first, in tree order, then each
+    deeper level; on the host without the padding, elsewhere all (L + 1) * B with the scratch row), their visits [M],
+    and whether each tree's min_q or max_q changed [B] bool.
     """
-    b, length = path.shape
-    scratch = tree.scratch
-    rows = torch.cat((path[:, :1], torch.where(path[:, 1:] == path[:, :-1], scratch, path[:, 1:]),
-                      leaf_rows.unsqueeze(1)), 1)
-    flat_rows = rows.view(-1)
-    before = tree.node.index_select(0, flat_rows).view(b, length + 1, -1)
-    if host:
-        rewards, discounts = before[:, :, REWARD].numpy().T, before[:, :, DISCOUNT].numpy().T
-        value = leaf_value.numpy()
-    else:
-        rewards, discounts = before[:, :, REWARD].unbind(1), before[:, :, DISCOUNT].unbind(1)
-        value = leaf_value
+    xp = namespace(leaf_rows)
+    scratch = t.scratch
+    steps = xp.stack(path, 0)  # [L, B]
+    inner = xp.where(steps[1:] == steps[:-1], scratch, steps[1:])
+    rows = xp.concatenate((steps[:1], inner, leaf_rows[None]), 0)  # [L + 1, B]
+    before = take_rows(t.node, rows)  # [L + 1, B, 5]
+    rewards, discounts = before[..., REWARD], before[..., DISCOUNT]
+    value = leaf_value
     values = [value]
-    for j in range(length, 0, -1):  # scratch rows have reward 0, discount 1: the value passes through
+    for j in range(rows.shape[0] - 1, 0, -1):  # scratch rows have reward 0, discount 1: the value passes through
         value = rewards[j] + discounts[j] * value
         values.append(value)
     values.reverse()
-    backed = torch.from_numpy(np.stack(values, 1)) if host else torch.stack(values, 1)  # [B, L + 1]
-    tree.node[:, VISITS:VALUE_SUM + 1].index_add_(0, flat_rows, torch.stack((torch.ones_like(backed), backed), 2)
-                                                  .view(-1, 2))
+    visits = before[..., VISITS] + 1.0  # [L + 1, B]
+    value_sums = before[..., VALUE_SUM] + xp.stack(values, 0)
+    t.node[rows, VISITS] = visits  # rows repeat only at the scratch row, whose statistics nothing reads
+    t.node[rows, VALUE_SUM] = value_sums
 
-    children = rows[:, 1:]
-    after = tree.node.index_select(0, children.reshape(-1)).view(b, length, -1)
-    visits = after[:, :, VISITS]
-    mean = after[:, :, VALUE_SUM] / visits
-    q = before[:, 1:, REWARD] + before[:, 1:, DISCOUNT] * mean
-    edge_offsets = tree.node_index[:, EDGE].index_select(0, children.reshape(-1)).view(b, length, 1)
-    tree.edge.view(-1).index_put_((edge_offsets + tree.backup_offsets,), torch.stack((visits, mean, q), 2))
-    q = torch.where(children != scratch, q, q[:, -1:])  # padding repeats the leaf's edge, always on the path
-    low, high = torch.aminmax(q, dim=1)
-    torch.minimum(tree.min_q, low, out=tree.min_q)
-    torch.maximum(tree.max_q, high, out=tree.max_q)
-    return rows
-
-
-def refresh_prior_scores(tree: Tree, rows: Tensor, root_mask: Tensor, pb_c_base: float, pb_c_init: float) -> None:
-    """Recomputes the cached exploration term (channel PB) of the children of rows [B, L] (root first: the nodes
-    just backed up through, whose visits changed). root_mask [B, A]: 0 for valid root actions, -inf for invalid
-    ones, added to the root's row so that they are never selected."""
-    b, length = rows.shape
-    flat_rows = rows.reshape(-1)
-    edges = tree.edge[:, EDGE_VISITS:PRIOR + 1].index_select(0, flat_rows).view(b, length, 2, -1)
-    visits = tree.node[:, VISITS].index_select(0, flat_rows).view(b, length)
-    scores = prior_scores(edges[:, :, PRIOR - EDGE_VISITS], edges[:, :, 0], visits, pb_c_base, pb_c_init)
-    scores[:, 0] += root_mask
-    tree.edge[:, PB].index_copy_(0, flat_rows, scores.view(b * length, -1))
+    children = rows[1:]  # [L, B]
+    mean = value_sums[1:] / visits[1:]
+    q = rewards[1:] + discounts[1:] * mean
+    links = take_rows(t.node_index, children)  # [L, B, 3]
+    channels = xp.asarray(BACKUP_CHANNELS) if xp is np else xp.tensor(BACKUP_CHANNELS, device=rows.device)
+    t.edge[links[..., PARENT_ROW, None], channels, links[..., ACTION, None]] = xp.stack((visits[1:], mean, q), -1)
+    q = xp.where(children != scratch, q, q[-1:])  # padding repeats the leaf's edge, always on the path
+    low, high = xp.amin(q, 0), xp.amax(q, 0)
+    rescaled = (low < t.min_q) | (high > t.max_q)
+    xp.minimum(t.min_q, low, out=t.min_q)
+    xp.maximum(t.max_q, high, out=t.max_q)
+    if xp is np:  # a data-dependent size costs nothing on the host, and the refreshes then skip the padding
+        real = rows != scratch
+        return rows[real], visits[real], rescaled
+    return rows.reshape(-1), visits.reshape(-1), rescaled

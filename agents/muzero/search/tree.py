@@ -4,12 +4,11 @@ Storage. Every tree has N = num_simulations + 1 nodes; node 0 is the root and si
 k + 1 in every tree, so node indices are known on the host and never read back. The tensors are kept as flat
 *rows*: row b * N + n is node n of tree b, and one extra row, `scratch = B * N`, absorbs the padding of search
 paths (paths of different lengths are padded with it, so a backup is one scatter for all depths; its reward 0
-and discount 1 pass a backed-up value through unchanged).
+and discount 1 pass a backed-up value through unchanged, and its parent is itself).
 
   node        [B * N + 1, 5] float   VISITS, VALUE_SUM, RAW_VALUE (the network's value), REWARD and DISCOUNT of the
                                      edge into the node
-  node_index  [B * N + 1, 4] int64   PARENT_ROW, ACTION (from the parent), DEPTH (root 0), EDGE (the flat offset
-                                     parent_row * 8A + action of the edge into the node in `edge`)
+  node_index  [B * N + 1, 3] int64   PARENT_ROW, ACTION (from the parent), DEPTH (root 0)
   edge        [B * N + 1, 8, A] float  per child: PB (pUCT's prior score, a cache), Q (reward + discount * value,
                                      -inf while unvisited), VISITS, PRIOR, LOGITS, VALUES (the child's mean value),
                                      REWARD, DISCOUNT; ordered so that what one step reads is adjacent
@@ -19,6 +18,12 @@ and discount 1 pass a backed-up value through unchanged).
   next_row    [B * N + 1] int64      the row that action leads to (the node's own row while it is unexpanded)
   embeddings  pytree of [B * N + 1, ...]
 
+The simulation loop works on `TreeArrays`: the same memory as numpy arrays on the CPU (numpy costs about a quarter
+of torch's time per call on arrays of tens to thousands of numbers, and the search is mostly such calls), the
+tensors themselves on other devices. The functions that take them use only what numpy and torch spell the same
+(arithmetic, fancy indexing, `xp.where`, `xp.exp`, `.argmax`, `.sum`, ...; `xp` is the array's module) and the
+two helpers below, so one function serves both.
+
 `Tree` gives the per-tree views of the API ([B, N], [B, N, A]); `finished_tree` adds the per-tree indices
 (children_index with -1 for unexpanded, parent with -1 for the root) once, after the search.
 """
@@ -26,8 +31,10 @@ and discount 1 pass a backed-up value through unchanged).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import ModuleType
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -35,11 +42,34 @@ from seed.agents.muzero.search.types import RecurrentFn
 
 # node columns
 VISITS, VALUE_SUM, RAW_VALUE, REWARD, DISCOUNT = range(5)
+NODE_COLUMNS = 5
 # node_index columns
-PARENT_ROW, ACTION, DEPTH, EDGE = range(4)
+PARENT_ROW, ACTION, DEPTH = range(3)
 # edge channels
 PB, Q, EDGE_VISITS, PRIOR, LOGITS, EDGE_VALUES, EDGE_REWARD, EDGE_DISCOUNT = range(8)
 EDGE_CHANNELS = 8
+
+Array = Any  # numpy.ndarray on the CPU (a view of a tensor's memory), torch.Tensor elsewhere
+
+
+def namespace(array: Array) -> ModuleType:
+    """numpy for a numpy array, torch for a tensor."""
+    return np if isinstance(array, np.ndarray) else torch
+
+
+def take_rows(array: Array, rows: Array) -> Array:
+    """array[rows] along the first axis (the fastest gather of each library). array [R, ...], rows [...] int64 ->
+    [..., ...]."""
+    if isinstance(array, np.ndarray):
+        return array.take(rows, 0)
+    return array.index_select(0, rows.reshape(-1)).view(*rows.shape, *array.shape[1:])
+
+
+def softmax(logits: Array) -> Array:
+    """Softmax over the last axis, [..., A] -> [..., A]."""
+    xp = namespace(logits)
+    e = xp.exp(logits - xp.amax(logits, -1)[..., None])
+    return e / e.sum(-1)[..., None]
 
 
 def tree_map(fn: Any, tree: Any) -> Any:
@@ -66,6 +96,58 @@ def tree_map2(fn: Any, a: Any, b: Any) -> None:
 
 
 @dataclass
+class TreeArrays:
+    """The storage the simulation loop reads and writes (numpy views on the CPU, the tensors elsewhere), with the
+    per-tree views the loop uses at each simulation made once."""
+
+    node: Array  # [B * N + 1, 5]
+    node_index: Array  # [B * N + 1, 3] int64
+    edge: Array  # [B * N + 1, 8, A]
+    child_row: Array  # [B * N + 1, A] int64
+    choice: Array  # [B * N + 1] int64
+    next_row: Array  # [B * N + 1] int64
+    min_q: Array  # [B]
+    max_q: Array  # [B]
+    base: Array  # [B] int64, the row of each root (b * N)
+    tree_index: Array  # [B, 1] int64, b
+    row_tree: Array  # [B * N + 1] int64, the tree of each row (0 for the scratch row)
+    node_number: Array  # [1, N] int64, n
+    nodes: Array  # [B, N, 5] view of node
+    node_indices: Array  # [B, N, 3] view of node_index
+    edges: Array  # [B, N, 8, A] view of edge
+    children: Array  # [B, N, A] view of child_row
+    choices: Array  # [B, N] view of choice
+    next_rows: Array  # [B, N] view of next_row
+
+    @property
+    def scratch(self) -> int:
+        """The padding row."""
+        return self.node.shape[0] - 1
+
+
+def tree_arrays(node: Tensor, node_index: Tensor, edge: Tensor, child_row: Tensor, choice: Tensor,
+                next_row: Tensor, min_q: Tensor, max_q: Tensor, num_trees: int, num_nodes: int,
+                host: bool) -> TreeArrays:
+    """host: numpy views of the tensors (CPU tensors only), else the tensors themselves."""
+
+    def array(x: Tensor) -> Array:
+        return x.numpy() if host else x
+
+    b, n = num_trees, num_nodes
+    node_a, index_a, edge_a, child_a, choice_a, next_a = map(array, (node, node_index, edge, child_row, choice,
+                                                                     next_row))
+    base = array(torch.arange(b, device=node.device) * n)
+    return TreeArrays(
+        node=node_a, node_index=index_a, edge=edge_a, child_row=child_a, choice=choice_a, next_row=next_a,
+        min_q=array(min_q), max_q=array(max_q), base=base, tree_index=base[:, None] // n,
+        row_tree=array(torch.arange(b * n + 1, device=node.device) // n % b),
+        node_number=array(torch.arange(n, device=node.device))[None, :],
+        nodes=node_a[:-1].reshape(b, n, NODE_COLUMNS), node_indices=index_a[:-1].reshape(b, n, 3),
+        edges=edge_a[:-1].reshape(b, n, *edge_a.shape[1:]), children=child_a[:-1].reshape(b, n, -1),
+        choices=choice_a[:-1].reshape(b, n), next_rows=next_a[:-1].reshape(b, n))
+
+
+@dataclass
 class Tree:
     """B search trees of N nodes over A actions. The per-tree fields are views of the flat rows (see the module
     docstring); all float fields have the search's dtype."""
@@ -88,15 +170,14 @@ class Tree:
     root_invalid: Tensor  # [B, A] bool, actions that may not be taken at the root
     embeddings: Any  # pytree of [B, N, ...], node latent states
     node: Tensor  # [B * N + 1, 5] flat rows (see the module docstring)
-    node_index: Tensor  # [B * N + 1, 4] int64
+    node_index: Tensor  # [B * N + 1, 3] int64
     edge: Tensor  # [B * N + 1, 8, A]
     child_row: Tensor  # [B * N + 1, A] int64
     choice: Tensor  # [B * N + 1] int64
     next_row: Tensor  # [B * N + 1] int64
     flat_embeddings: Any  # pytree of [B * N + 1, ...]
     base: Tensor  # [B] int64, the row of each root (b * N)
-    reward_discount_offsets: Tensor  # [2] int64, the offsets of EDGE_REWARD and EDGE_DISCOUNT in an edge row
-    backup_offsets: Tensor  # [3] int64, the offsets of EDGE_VISITS, EDGE_VALUES and Q in an edge row
+    arrays: TreeArrays  # the same storage for the simulation loop
     children_index: Tensor | None = None  # [B, N, A] int64, the child's node index, -1 = unexpanded (set at the end)
     parent: Tensor | None = None  # [B, N] int64, -1 for the root and unused nodes (set at the end)
     action_from_parent: Tensor | None = None  # [B, N] int64, -1 for the root and unused nodes (set at the end)
@@ -114,19 +195,21 @@ class Tree:
 
 
 def new_tree(num_trees: int, num_nodes: int, num_actions: int, embedding: Any, dtype: torch.dtype,
-             device: torch.device) -> Tree:
+             device: torch.device, host: bool) -> Tree:
     """An empty tree: nothing visited, every edge unexpanded (pointing at its own row), embeddings zero with the
-    root embedding's trailing shapes and dtypes."""
+    root embedding's trailing shapes and dtypes. host: its `arrays` are numpy views (CPU only)."""
     rows = num_trees * num_nodes + 1
-    node = torch.zeros(rows, 5, dtype=dtype, device=device)
+    node = torch.zeros(rows, NODE_COLUMNS, dtype=dtype, device=device)
     node[-1, DISCOUNT] = 1.0  # the scratch row passes values through
-    node_index = torch.zeros(rows, 4, dtype=torch.int64, device=device)
-    node_index[:, EDGE] = (rows - 1) * EDGE_CHANNELS * num_actions  # scratch edge until expanded
+    node_index = torch.zeros(rows, 3, dtype=torch.int64, device=device)
+    node_index[-1, PARENT_ROW] = rows - 1  # padding writes its edge statistics into the scratch row's own edges
     edge = torch.zeros(rows, EDGE_CHANNELS, num_actions, dtype=dtype, device=device)
     edge[:, Q] = -torch.inf
     child_row = torch.arange(rows, device=device).unsqueeze(1).expand(rows, num_actions).contiguous()
     choice = torch.zeros(rows, dtype=torch.int64, device=device)
     next_row = torch.arange(rows, device=device)
+    min_q = torch.full((num_trees,), torch.inf, dtype=dtype, device=device)
+    max_q = torch.full((num_trees,), -torch.inf, dtype=dtype, device=device)
     flat_embeddings = tree_map(lambda x: x.new_zeros((rows, *x.shape[1:])), embedding)
     shape = (num_trees, num_nodes)
 
@@ -141,43 +224,54 @@ def new_tree(num_trees: int, num_nodes: int, num_actions: int, embedding: Any, d
         visit_count=nodes(VISITS), value_sum=nodes(VALUE_SUM), raw_value=nodes(RAW_VALUE),
         prior=edges(PRIOR), prior_logits=edges(LOGITS), children_reward=edges(EDGE_REWARD),
         children_discount=edges(EDGE_DISCOUNT), children_visits=edges(EDGE_VISITS), children_values=edges(EDGE_VALUES),
-        depth=node_index[:-1, DEPTH].view(shape),
-        min_q=torch.full((num_trees,), torch.inf, dtype=dtype, device=device),
-        max_q=torch.full((num_trees,), -torch.inf, dtype=dtype, device=device),
+        depth=node_index[:-1, DEPTH].view(shape), min_q=min_q, max_q=max_q,
         root_invalid=torch.zeros(num_trees, num_actions, dtype=torch.bool, device=device),
         embeddings=tree_map(lambda x: x[:-1].view(*shape, *x.shape[1:]), flat_embeddings),
         node=node, node_index=node_index, edge=edge, child_row=child_row, choice=choice, next_row=next_row,
         flat_embeddings=flat_embeddings, base=torch.arange(num_trees, device=device) * num_nodes,
-        reward_discount_offsets=torch.tensor([EDGE_REWARD * num_actions, EDGE_DISCOUNT * num_actions], device=device),
-        backup_offsets=torch.tensor([EDGE_VISITS * num_actions, EDGE_VALUES * num_actions, Q * num_actions],
-                                    device=device))
+        arrays=tree_arrays(node, node_index, edge, child_row, choice, next_row, min_q, max_q, num_trees, num_nodes,
+                           host))
 
 
-def expand(tree: Tree, parent_rows: Tensor, actions: Tensor, edge_offsets: Tensor, new_node: int,
-           recurrent_fn: RecurrentFn) -> tuple[Tensor, Tensor]:
+def _as_array(x: Tensor, dtype: torch.dtype, host: bool) -> Array:
+    """A recurrent output [B, ...] in the tree's dtype, as a numpy array on the host."""
+    x = x if x.dtype == dtype else x.to(dtype)
+    return x.numpy() if host else x
+
+
+def expand(tree: Tree, parent_rows: Array, actions: Array, new_node: int, recurrent_fn: RecurrentFn
+           ) -> tuple[Array, Array]:
     """Expands edge (parent_rows[b], actions[b]) of every tree b into node `new_node` with one `recurrent_fn` call.
 
-    parent_rows [B] int64 rows; actions [B] int64; edge_offsets [B] int64 = parent_rows * A + actions (the offsets
-    into `child_row`, already computed by the selection). Writes the new node's row (visits and value sum stay 0:
-    the backup adds the node's own value), its prior and logits, the parent's edge reward and discount, the links
-    and the embedding. Returns the new nodes' values [B] (in the tree's dtype) and depths [B] int64.
+    parent_rows [B] int64 rows; actions [B] int64 (arrays of `tree.arrays`' library). Writes the new node's row
+    (visits and value sum stay 0: the backup adds the node's own value), its prior and logits, the parent's edge
+    reward and discount, the links and the embedding. Returns the new nodes' values [B] (in the tree's dtype) and
+    depths [B] int64, as arrays.
     """
-    b, n, a = tree.num_trees, tree.num_nodes, tree.num_actions
-    parent_embeddings = tree_map(lambda x: x.index_select(0, parent_rows), tree.flat_embeddings)
-    out = recurrent_fn(parent_embeddings, actions)
+    t = tree.arrays
+    host = isinstance(parent_rows, np.ndarray)
+    parent_tensor = torch.from_numpy(parent_rows) if host else parent_rows
+    parent_embeddings = tree_map(lambda x: x.index_select(0, parent_tensor), tree.flat_embeddings)
+    out = recurrent_fn(parent_embeddings, torch.from_numpy(actions) if host else actions)
     dtype = tree.node.dtype
-    reward, discount, value = out.reward.to(dtype), out.discount.to(dtype), out.value.to(dtype)
-    logits = out.prior_logits.to(dtype)
-    tree.node[:-1].view(b, n, 5)[:, new_node, RAW_VALUE:] = torch.stack((value, reward, discount), 1)
-    depth = tree.node_index[:, DEPTH].index_select(0, parent_rows).add_(1)
-    edge_offset = torch.add(actions, parent_rows, alpha=EDGE_CHANNELS * a)
-    tree.node_index[:-1].view(b, n, 4)[:, new_node] = torch.stack((parent_rows, actions, depth, edge_offset), 1)
-    leaf_edges = tree.edge[:-1].view(b, n, EDGE_CHANNELS, a)[:, new_node]
-    leaf_edges[:, PRIOR] = torch.softmax(logits, -1)
+    reward, discount, value, logits = (_as_array(x, dtype, host) for x in (out.reward, out.discount, out.value,
+                                                                          out.prior_logits))
+    new = t.nodes[:, new_node]  # [B, 5]
+    new[:, RAW_VALUE] = value
+    new[:, REWARD] = reward
+    new[:, DISCOUNT] = discount
+    depth = t.node_index[parent_rows, DEPTH] + 1
+    index = t.node_indices[:, new_node]  # [B, 3]
+    index[:, PARENT_ROW] = parent_rows
+    index[:, ACTION] = actions
+    index[:, DEPTH] = depth
+    leaf_edges = t.edges[:, new_node]  # [B, 8, A]
+    leaf_edges[:, PRIOR] = softmax(logits)
     leaf_edges[:, LOGITS] = logits
-    offsets = edge_offset.unsqueeze(1) + tree.reward_discount_offsets
-    tree.edge.view(-1).index_put_((offsets,), torch.stack((reward, discount), 1))
-    tree.child_row.view(-1).index_put_((edge_offsets,), tree.base + new_node)
+    t.edge[parent_rows, EDGE_REWARD, actions] = reward
+    t.edge[parent_rows, EDGE_DISCOUNT, actions] = discount
+    t.child_row[parent_rows, actions] = t.base + new_node
+    b, n = tree.num_trees, tree.num_nodes
     tree_map2(lambda store, x: store[:-1].view(b, n, *store.shape[1:])[:, new_node].copy_(x), tree.flat_embeddings,
               out.embedding)
     return value, depth
@@ -190,7 +284,7 @@ def finished_tree(tree: Tree) -> Tree:
     rows = torch.arange(b * n, device=base.device)
     child_row = tree.child_row[:-1]
     children_index = torch.where(child_row == rows.unsqueeze(1), -1, child_row - base.repeat_interleave(n)[:, None])
-    index = tree.node_index[:-1].view(b, n, 4)
+    index = tree.node_index[:-1].view(b, n, 3)
     expanded = tree.visit_count > 0
     expanded[:, 0] = False
     parent = torch.where(expanded, index[..., PARENT_ROW] - base[:, None], -1)
