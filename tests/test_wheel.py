@@ -1,7 +1,7 @@
 """The wheel is the whole product: built from a clean copy of the sources, installed (not editable) into a
 fresh virtual environment, and run from a directory outside the repository, it has every module (R2D2
 included), its data files, working console scripts, and seed-bench / seed-report that write where their
-flags say; every agent (V-trace, R2D2, PPO) trains with a real learner and actor.
+flags say; every agent (V-trace, R2D2, PPO, MuZero) trains with a real learner and actor.
 
 The virtual environment does not see the system's site-packages: it holds torch (installed first, from the
 Makefile's TORCH_SPEC, so that no CUDA build is pulled), the wheel and the `atari` extra with the
@@ -23,6 +23,7 @@ import sys
 import pytest
 
 from seed import checkpoint
+from seed.agents import AGENTS
 from tests.conftest import REPO, read_metrics, wait_for
 
 pytestmark = pytest.mark.wheel
@@ -176,12 +177,12 @@ def test_bench_and_report_run_outside_the_repository(installed):
     assert sorted(os.listdir(work)) == ["curves", "eval.json", "report.md", "report.png", "results", "runs"]
 
 
-# Flags beyond `--agent` that make each agent's first training step come within seconds on CartPole: R2D2 starts
-# training after 32 sequences in replay instead of its CartPole default of 100.
-AGENT_FLAGS = {"vtrace": [], "r2d2": ["--replay_min_size=32"], "ppo": []}
+# Flags beyond `--agent` that make an agent's first training step come within seconds on CartPole (the others
+# need none): R2D2 starts training after 32 sequences in replay instead of its CartPole default of 100.
+AGENT_FLAGS = {"r2d2": ["--replay_min_size=32"]}
 
 
-@pytest.mark.parametrize("agent", sorted(AGENT_FLAGS))
+@pytest.mark.parametrize("agent", AGENTS)
 def test_every_agent_trains_from_a_plain_install(installed, tmp_path, agent):
     """`seed-learner --agent=<agent>` and one `seed-actor` on CartPole, from the venv that holds only the wheel,
     the atari extra and what they declare (the defaults: the training process and the shared-memory actor path):
@@ -194,7 +195,7 @@ def test_every_agent_trains_from_a_plain_install(installed, tmp_path, agent):
     try:
         for name, command in (
                 ("learner", [bin_dir / "seed-learner", f"--agent={agent}", *common, f"--logdir={logdir}",
-                             "--num_actors=1", "--log_interval_s=1", "--torch_threads=1", *AGENT_FLAGS[agent]]),
+                             "--num_actors=1", "--log_interval_s=1", "--torch_threads=1", *AGENT_FLAGS.get(agent, [])]),
                 ("actor", [bin_dir / "seed-actor", *common, "--actor_index=0"])):
             with open(tmp_path / f"{name}.log", "wb") as log:
                 started.append(subprocess.Popen([str(c) for c in command], cwd=str(tmp_path), env=env, stdout=log,
