@@ -39,7 +39,6 @@ from seed.agents.muzero.search.gumbel import (
     considered_visits_table,
     gumbel_outcome,
     refresh_choices,
-    select_gumbel_root,
 )
 from seed.agents.muzero.search.puct import backup, refresh_path, refresh_trees
 from seed.agents.muzero.search.tree import (
@@ -199,13 +198,12 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
         considered = (a - invalid.sum(-1)).clamp_max(config.max_num_considered_actions)
         considered_visits = table.index_select(0, considered).to(dtype).T.contiguous()  # [simulations, B]
         root_args = array(gumbel_logits), array(considered_visits), array(invalid)
+        refresh_choices(t, t.base, root_args[0], root_args[1][0], root_args[2], config)
     else:
         root_mask = array(torch.zeros(b, a, dtype=dtype, device=device).masked_fill(invalid, -torch.inf))
         refresh_path(t, t.base, t.node[t.base, VISITS], root_mask, config.pb_c_base, config.pb_c_init)
     depth = DepthBound(device)
     for k in range(simulations):
-        if gumbel:
-            select_gumbel_root(t, root_args[0], root_args[1][k], root_args[2], config)
         rows = t.base
         path = [rows]
         for _ in range(depth.bound(k)):  # a node whose chosen edge is unexpanded leads back to itself
@@ -218,7 +216,9 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
             path = path[:depth.last_leaf_depth]
         backed, visits, rescaled = backup(t, path, t.base + (k + 1), leaf_value)
         if gumbel:
-            refresh_choices(t, backed, config)
+            # the roots' choices for the next simulation (the last one's are not used)
+            next_visit = root_args[1][min(k + 1, simulations - 1)]
+            refresh_choices(t, backed, root_args[0], next_visit, root_args[2], config)
         else:
             refresh_path(t, backed, visits, root_mask, config.pb_c_base, config.pb_c_init)
             # Every node's score moved in the trees whose normalisation changed (on the host: only those trees).

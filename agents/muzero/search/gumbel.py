@@ -34,9 +34,10 @@ from seed.agents.muzero.search.tree import (
     Q,
     Tree,
     TreeArrays,
+    amax,
+    amin,
     namespace,
     softmax,
-    take_rows,
 )
 from seed.agents.muzero.search.types import SearchConfig
 
@@ -89,43 +90,41 @@ def completed_q_sigma(prior: Array, cached_q: Array, visits: Array, raw_value: A
     weighted_q = (visited_prior * q / xp.where(sum_prior > 0, sum_prior, 1.0)).sum(-1)
     mixed = (raw_value + sum_visits * weighted_q) / (sum_visits + 1.0)
     completed = xp.where(visited, q, mixed[..., None])
-    low = xp.amin(completed, -1)[..., None]
-    high = xp.amax(completed, -1)[..., None]
+    low = amin(completed, -1)[..., None]
+    high = amax(completed, -1)[..., None]
     rescaled = (completed - low) / xp.clip(high - low, 1e-8, None)
-    return (config.maxvisit_init + xp.amax(visits, -1)[..., None]) * config.value_scale * rescaled
+    return (config.maxvisit_init + amax(visits, -1)[..., None]) * config.value_scale * rescaled
 
 
-def root_scores(t: TreeArrays, gumbel_logits: Array, considered_visit: Array, invalid: Array,
-                config: SearchConfig) -> Array:
-    """g + logits + sigma(completed Q) at the roots (floored at LOW_LOGIT) for the valid actions with
-    `considered_visit` [B, 1] visits, else -inf. gumbel_logits [B, A]: g + logits - max(logits); invalid [B, A]
-    bool. Returns [B, A]."""
+def root_choices(gumbel_logits: Array, sigma: Array, visits: Array, considered_visit: Array,
+                 invalid: Array) -> Array:
+    """argmax g + logits + sigma(completed Q) (floored at LOW_LOGIT) over the valid root actions with
+    `considered_visit` [B] visits. gumbel_logits [B, A]: g + logits - max(logits); sigma, visits [B, A]; invalid
+    [B, A] bool. Returns [B] int64."""
     xp = namespace(gumbel_logits)
-    edges = t.edges[:, 0]  # [B, 8, A]
-    visits = edges[:, EDGE_VISITS]
-    sigma = completed_q_sigma(edges[:, PRIOR], edges[:, Q], visits, t.nodes[:, 0, RAW_VALUE], config)
     score = xp.clip(gumbel_logits + sigma, LOW_LOGIT, None)
-    return xp.where((visits != considered_visit) | invalid, -np.inf, score)
+    return xp.where((visits != considered_visit[:, None]) | invalid, -np.inf, score).argmax(-1)
 
 
-def select_gumbel_root(t: TreeArrays, gumbel_logits: Array, considered_visit: Array, invalid: Array,
-                       config: SearchConfig) -> None:
-    """Sets the roots' choice and next row for one simulation; considered_visit [B] from the schedule,
-    gumbel_logits [B, A] (see root_scores), invalid [B, A] bool."""
-    choice = root_scores(t, gumbel_logits, considered_visit[:, None], invalid, config).argmax(-1)
-    t.choices[:, 0] = choice
-    t.next_rows[:, 0] = t.children[:, 0][t.tree_index[:, 0], choice]
+def refresh_choices(t: TreeArrays, rows: Array, gumbel_logits: Array, considered_visit: Array, invalid: Array,
+                    config: SearchConfig) -> None:
+    """Recomputes the action (`choice`) and the child it leads to (`next_row`) of rows [M] (the nodes just backed
+    up through; the first B are the roots, in tree order), with one sigma(completed Q) for all of them.
 
-
-def refresh_choices(t: TreeArrays, rows: Array, config: SearchConfig) -> None:
-    """Recomputes the interior action of rows [...] (any shape; the nodes just backed up through):
-    argmax softmax(logits + sigma(completed Q)) - N(a) / (1 + sum_b N(b))."""
-    edges = take_rows(t.edge, rows)  # [..., 8, A]
-    q, visits, prior, logits = (edges[..., channel, :] for channel in (Q, EDGE_VISITS, PRIOR, LOGITS))
-    raw_value = t.node[rows, RAW_VALUE]
-    sigma = completed_q_sigma(prior, q, visits, raw_value, config)
-    improved = softmax(logits + sigma)
-    choice = (improved - visits / (1.0 + visits.sum(-1)[..., None])).argmax(-1)
+    Roots: the sequential-halving choice of the next simulation (root_choices; considered_visit [B] from the
+    schedule, gumbel_logits and invalid [B, A]). Inside: argmax softmax(logits + sigma(completed Q)) - N(a) /
+    (1 + sum_b N(b)).
+    """
+    xp = namespace(rows)
+    b = gumbel_logits.shape[0]
+    edges = t.edge[rows, Q:LOGITS + 1]  # [M, 4, A]: Q, VISITS, PRIOR, LOGITS
+    q, visits, prior, logits = edges[:, 0], edges[:, 1], edges[:, 2], edges[:, 3]
+    sigma = completed_q_sigma(prior, q, visits, t.node[rows, RAW_VALUE], config)
+    choice = root_choices(gumbel_logits, sigma[:b], visits[:b], considered_visit, invalid)
+    if rows.shape[0] > b:
+        improved = softmax(logits[b:] + sigma[b:])
+        inside = (improved - visits[b:] / (1.0 + visits[b:].sum(-1)[:, None])).argmax(-1)
+        choice = xp.concatenate((choice, inside))
     t.choice[rows] = choice
     t.next_row[rows] = t.child_row[rows, choice]
 

@@ -41,11 +41,11 @@ from seed.agents.muzero.search.tree import (
     Array,
     Q,
     TreeArrays,
+    amax,
+    amin,
     namespace,
     take_rows,
 )
-
-BACKUP_CHANNELS = (EDGE_VISITS, EDGE_VISITS + 3, Q)  # EDGE_VALUES = EDGE_VISITS + 3: visits, mean value, Q
 
 
 def prior_scores(prior: Array, children_visits: Array, visits: Array, pb_c_base: float, pb_c_init: float) -> Array:
@@ -142,10 +142,10 @@ def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array
     mean = value_sums[1:] / visits[1:]
     q = rewards[1:] + discounts[1:] * mean
     links = take_rows(t.node_index, children)  # [L, B, 3]
-    channels = xp.asarray(BACKUP_CHANNELS) if xp is np else xp.tensor(BACKUP_CHANNELS, device=rows.device)
-    t.edge[links[..., PARENT_ROW, None], channels, links[..., ACTION, None]] = xp.stack((visits[1:], mean, q), -1)
+    t.edge[links[..., PARENT_ROW, None], t.backup_channels, links[..., ACTION, None]] = xp.stack((visits[1:], mean, q),
+                                                                                              -1)
     q = xp.where(children != scratch, q, q[-1:])  # padding repeats the leaf's edge, always on the path
-    low, high = xp.amin(q, 0), xp.amax(q, 0)
+    low, high = amin(q, 0), amax(q, 0)
     rescaled = (low < t.min_q) | (high > t.max_q)
     xp.minimum(t.min_q, low, out=t.min_q)
     xp.maximum(t.max_q, high, out=t.max_q)

@@ -65,10 +65,21 @@ def take_rows(array: Array, rows: Array) -> Array:
     return array.index_select(0, rows.reshape(-1)).view(*rows.shape, *array.shape[1:])
 
 
+def amax(array: Array, axis: int) -> Array:
+    """The maximum over one axis (numpy's method skips the Python wrapper of np.amax; torch's max returns indices
+    too)."""
+    return array.max(axis) if isinstance(array, np.ndarray) else array.amax(axis)
+
+
+def amin(array: Array, axis: int) -> Array:
+    """The minimum over one axis."""
+    return array.min(axis) if isinstance(array, np.ndarray) else array.amin(axis)
+
+
 def softmax(logits: Array) -> Array:
     """Softmax over the last axis, [..., A] -> [..., A]."""
     xp = namespace(logits)
-    e = xp.exp(logits - xp.amax(logits, -1)[..., None])
+    e = xp.exp(logits - amax(logits, -1)[..., None])
     return e / e.sum(-1)[..., None]
 
 
@@ -111,6 +122,7 @@ class TreeArrays:
     base: Array  # [B] int64, the row of each root (b * N)
     tree_index: Array  # [B, 1] int64, b
     row_tree: Array  # [B * N + 1] int64, the tree of each row (0 for the scratch row)
+    backup_channels: Array  # [3] int64: EDGE_VISITS, EDGE_VALUES, Q (what a backup writes into an edge)
     node_number: Array  # [1, N] int64, n
     nodes: Array  # [B, N, 5] view of node
     node_indices: Array  # [B, N, 3] view of node_index
@@ -141,6 +153,7 @@ def tree_arrays(node: Tensor, node_index: Tensor, edge: Tensor, child_row: Tenso
         node=node_a, node_index=index_a, edge=edge_a, child_row=child_a, choice=choice_a, next_row=next_a,
         min_q=array(min_q), max_q=array(max_q), base=base, tree_index=base[:, None] // n,
         row_tree=array(torch.arange(b * n + 1, device=node.device) // n % b),
+        backup_channels=array(torch.tensor([EDGE_VISITS, EDGE_VALUES, Q], device=node.device)),
         node_number=array(torch.arange(n, device=node.device))[None, :],
         nodes=node_a[:-1].reshape(b, n, NODE_COLUMNS), node_indices=index_a[:-1].reshape(b, n, 3),
         edges=edge_a[:-1].reshape(b, n, *edge_a.shape[1:]), children=child_a[:-1].reshape(b, n, -1),
