@@ -8,16 +8,19 @@
 One simulation of all B trees is: a descent from the roots (a loop over depth, one gather per step for all trees:
 every node caches the action it selects and the child that leads to), one `recurrent_fn` call for the B new
 leaves (tree.expand), one backup of all depths at once (puct.backup), and the refresh of the selection caches
-(pUCT: every expanded node under the tree's new normalisation, puct.refresh_puct_choices; gumbel: the nodes just
-backed up through, gumbel.refresh_choices, and the root's sequential-halving choice at each simulation).
+(pUCT: the nodes just backed up through, puct.refresh_path, and every node of the trees whose normalisation
+changed, puct.refresh_trees; gumbel: the nodes just backed up through and the roots' sequential-halving choice
+for the next simulation, gumbel.refresh_choices).
 
 Nothing is read back to the host inside the loop on CUDA: the number of descent steps comes from `DepthBound`
 (an asynchronous copy, polled, never waited for). On the CPU, where reading a tensor costs no round trip, the
-depth is read at once, the backup stops at the deepest new leaf, and the per-depth loops run on numpy views of
-the same memory (numpy's cost per call on 64 numbers is a fraction of torch's).
+depth is read at once, the backup stops at the deepest new leaf, the refreshes skip the padding of the paths and
+the trees whose normalisation did not change, and the whole loop runs on numpy views of the tree's tensors
+(tree.TreeArrays: numpy's cost per call on tens to thousands of numbers is about a quarter of torch's; the same
+functions run on the tensors on other devices, and with NUMPY_ON_CPU = False on the CPU, as a test does).
 
-Search times are dominated by the number of tensor operations, not their size (tens of numbers each): the
-per-node caches, the all-depths backup and inference mode are there to keep that number down. On a CPU, run it
+Search times are dominated by the number of array operations, not their size: the per-node caches, the
+all-depths backup and inference mode are there to keep that number down. On a CPU, run it
 with one intra-op thread (torch.set_num_threads(1)): with two OpenMP threads on a busy 2-core machine, a tiny
 reduction can wait tens of milliseconds at a barrier.
 

@@ -12,7 +12,8 @@ Root, simulation k: among the actions whose visits equal the schedule's consider
 `considered_visits_sequence`), pick argmax g(a) + logits(a) + sigma(completed Q(a)), g ~ Gumbel(0, gumbel_scale).
 Inside: pick argmax improved_pi(a) - N(a) / (1 + sum_b N(b)) (the paper's eq. 14). Inside the tree the selected
 action of a node only changes when the node is backed up through, so it is cached per node (`Tree.choice`,
-`Tree.next_row`) and recomputed for the nodes of each backed-up path; the root's is set at each simulation.
+`Tree.next_row`) and recomputed for the nodes of each backed-up path, the root's (for the next simulation's
+considered visits) with them: one sigma(completed Q) per simulation for all of them (`refresh_choices`).
 After the search: the most visited actions compete once more on g + logits + sigma(completed Q); the policy
 target is improved pi at the root. Ties go to the lowest action index.
 """
@@ -30,6 +31,7 @@ from seed.agents.muzero.search.tree import (
     LOGITS,
     PRIOR,
     RAW_VALUE,
+    VISITS,
     Array,
     Q,
     Tree,
@@ -72,23 +74,24 @@ def considered_visits_table(max_num_considered: int, num_simulations: int) -> li
     return [considered_visits_sequence(m, num_simulations) for m in range(max_num_considered + 1)]
 
 
-def completed_q_sigma(prior: Array, cached_q: Array, visits: Array, raw_value: Array,
+def completed_q_sigma(prior: Array, cached_q: Array, visits: Array, node_visits: Array, raw_value: Array,
                       config: SearchConfig) -> Array:
     """sigma(completed Q), rescaled to [0, 1] over the node's actions before sigma (mctx's
     qtransform_completed_by_mix_value).
 
-    prior, cached_q (reward + discount * value, -inf while unvisited), visits [..., A];
-    raw_value [...] the network's value of the node. Returns [..., A].
+    prior, cached_q (reward + discount * value, -inf while unvisited), visits [..., A]; node_visits [...] the
+    node's own visits, 1 + the sum of its children's (its expansion counts as one; given, since a sum over a short
+    last axis costs more than the arithmetic); raw_value [...] the network's value of the node. Returns [..., A].
     """
     xp = namespace(prior)
     visited = visits > 0
     q = xp.where(visited, cached_q, 0.0)
-    sum_visits = visits.sum(-1)
+    sum_visits = node_visits - 1.0
     prior = xp.clip(prior, TINY[prior.dtype == xp.float64], None)
     visited_prior = xp.where(visited, prior, 0.0)
     sum_prior = visited_prior.sum(-1)[..., None]
     weighted_q = (visited_prior * q / xp.where(sum_prior > 0, sum_prior, 1.0)).sum(-1)
-    mixed = (raw_value + sum_visits * weighted_q) / (sum_visits + 1.0)
+    mixed = (raw_value + sum_visits * weighted_q) / node_visits
     completed = xp.where(visited, q, mixed[..., None])
     low = amin(completed, -1)[..., None]
     high = amax(completed, -1)[..., None]
@@ -119,11 +122,13 @@ def refresh_choices(t: TreeArrays, rows: Array, gumbel_logits: Array, considered
     b = gumbel_logits.shape[0]
     edges = t.edge[rows, Q:LOGITS + 1]  # [M, 4, A]: Q, VISITS, PRIOR, LOGITS
     q, visits, prior, logits = edges[:, 0], edges[:, 1], edges[:, 2], edges[:, 3]
-    sigma = completed_q_sigma(prior, q, visits, t.node[rows, RAW_VALUE], config)
+    node = t.node[rows, :RAW_VALUE + 1]  # [M, 3]: VISITS, VALUE_SUM, RAW_VALUE
+    node_visits = node[:, VISITS]
+    sigma = completed_q_sigma(prior, q, visits, node_visits, node[:, RAW_VALUE], config)
     choice = root_choices(gumbel_logits, sigma[:b], visits[:b], considered_visit, invalid)
     if rows.shape[0] > b:
         improved = softmax(logits[b:] + sigma[b:])
-        inside = (improved - visits[b:] / (1.0 + visits[b:].sum(-1)[:, None])).argmax(-1)
+        inside = (improved - visits[b:] / node_visits[b:, None]).argmax(-1)  # N(s) = 1 + sum_b N(s, b)
         choice = xp.concatenate((choice, inside))
     t.choice[rows] = choice
     t.next_row[rows] = t.child_row[rows, choice]
@@ -134,8 +139,8 @@ def gumbel_outcome(tree: Tree, gumbel_logits: Tensor, config: SearchConfig) -> t
     g + logits + sigma(completed Q), and softmax(logits + sigma(completed Q)) with invalid actions at 0."""
     edges = tree.edge[:-1].view(tree.num_trees, tree.num_nodes, *tree.edge.shape[1:])[:, 0]
     visits = edges[:, EDGE_VISITS]
-    raw_value = tree.raw_value[:, 0]
-    sigma = completed_q_sigma(edges[:, PRIOR], edges[:, Q], visits, raw_value, config)
+    sigma = completed_q_sigma(edges[:, PRIOR], edges[:, Q], visits, tree.visit_count[:, 0], tree.raw_value[:, 0],
+                              config)
     score = torch.clip(gumbel_logits + sigma, LOW_LOGIT, None)
     action = score.masked_fill((visits != visits.amax(-1, keepdim=True)) | tree.root_invalid, -torch.inf).argmax(1)
     weights = torch.softmax((edges[:, LOGITS] + sigma).masked_fill(tree.root_invalid, -torch.inf), -1)
