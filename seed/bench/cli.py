@@ -5,6 +5,9 @@
     seed-bench --config=cartpole --env_groups=2 --baselines=env_only --out=bench_results/cartpole_groups2.json
     seed-bench --config=fake_mlp --sweep=actors --values=1,2,4 --out=bench_results/sweep_actors.json
     seed-bench --list
+
+Across hosts (network namespaces, root): wire bytes per env frame and FPS with and without lz4, rate limits and
+added latency: `python -m seed.bench.network` (seed/bench/network.py, docs/performance/cpu/network/).
     seed-bench search --cpu=0 --out=bench_results/search.json    (the MuZero tree search: seed/bench/search_speed.py)
 
 A run starts the learner (`python -m seed.learner_main`) with the named configuration from the shipped
