@@ -101,7 +101,10 @@ def test_learner_host_killed_and_restarted_from_its_checkpoint(hosts, tmp_path):
     rows_before = len(read_metrics(run.logdir))
     second = run.start_learner("learner2", checkpoint_interval_s=1)
     wait_for(lambda: "resumed from" in hosts.output(second), STEP_TIMEOUT_S, "the resume", on_timeout=run.logs)
-    _training(run, saved[1]["counters"]["train_steps"] + 5, "training after the restart")
+    resumed_steps = saved[1]["counters"]["train_steps"]
+    # The killed learner's last rows may already be past the checkpoint: wait for the new learner's own rows.
+    wait_for(lambda: len(read_metrics(run.logdir)) > rows_before and run.train_steps() > resumed_steps + 5,
+             STEP_TIMEOUT_S, "training after the restart", on_timeout=run.logs)
     assert_resumed(hosts.output(second), run.logdir, saved, rows_before)
     for actor in actors:  # the same actor processes, still running, redialled the new learner
         assert actor.poll() is None
