@@ -79,6 +79,8 @@ class Hosts(Processes):
 
     def loss(self, host: int, percent: float) -> None:
         """Drops `percent` % of packets in each direction of the host's link (0 = none)."""
+        if shutil.which("nft") is None:
+            pytest.skip("packet loss needs nftables' `nft` command (apt-get install nftables)")
         _netns("loss", self.name, str(host), str(percent))
 
     def rate(self, host: int, rate: str) -> None:
