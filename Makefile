@@ -28,6 +28,7 @@ run: install
 	launch/local.sh $(ARGS)
 
 test: install $(if $(SKIP_FOOTBALL),,football)
+	launch/install_test_tools.sh
 	$(PYTHON) -m pytest -q -ra $(PYTEST_ARGS) tests
 
 test-fast: install
