@@ -62,6 +62,12 @@ class SharedParameters:
     def __setstate__(self, state: dict) -> None:
         self.tensors, self._header, self._fd = state["tensors"], state["header"], state["fd"].detach()
 
+    def close(self) -> None:
+        """Closes this process's descriptor of the lock (no side holds the lock any more)."""
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
     @property
     def version(self) -> int:
         """The version last written, read without the lock (for messages and tests)."""

@@ -130,7 +130,7 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
     timeout_s = config.training_process_timeout_s
     fault = TrainingFault.from_environment()
     slowest_update_s = 0.0
-    lock_waits_reported = set()
+    lock_wait_reported = -1  # the update whose long wait for the lock was reported
 
     def wait_for_learner(waited_s: float) -> None:
         """While the learner holds the parameter lock: it is alive (else the kernel would have released the lock
@@ -139,8 +139,9 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
             print(f"[training process] the learner (pid {learner_pid}) is gone: exiting", file=sys.stderr,
                   flush=True)
             os._exit(1)
-        if waited_s >= timeout_s and train_steps not in lock_waits_reported:
-            lock_waits_reported.add(train_steps)
+        nonlocal lock_wait_reported
+        if waited_s >= timeout_s and lock_wait_reported != train_steps:
+            lock_wait_reported = train_steps
             print(f"[training process] update {train_steps}: waiting {waited_s:.0f} s for the parameter lock, held "
                   f"by the learner (pid {learner_pid})", file=sys.stderr, flush=True)
 
@@ -165,15 +166,15 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
             weights = None if importance_weights is None else torch.from_numpy(importance_weights).to(device)
             result = train_on_batch(agent, optimizer, TrainingBatch(slots[slot].to(device), weights), config,
                                     train_steps)
+            step_ms = (time.perf_counter() - start) * 1e3
             if not result.trained:
                 progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
                 results.send(("dropped", slot))
                 continue
             train_steps += 1
             agent.after_update(train_steps)
-            step_s = time.perf_counter() - start
-            slowest_update_s = max(slowest_update_s, step_s)
-            result.values["training_process/step_ms"] = step_s * 1e3
+            slowest_update_s = max(slowest_update_s, time.perf_counter() - start)
+            result.values["training_process/step_ms"] = step_ms
             priorities = (None if result.priorities is None
                           else result.priorities.detach().cpu().double().numpy())
             progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
@@ -417,6 +418,8 @@ class TrainingProcess:
                 self.process.join(timeout=5)
         for end in (self._commands, self._results):
             end.close()
+        if not self.process.is_alive():
+            self.parameters.close()
 
 
 def _copy_into(target: Unroll, source: Unroll) -> None:
