@@ -8,6 +8,8 @@ one that would be stuck, declares in shared memory what it is doing and by when 
   waiting for a command   it polls its command pipe and reports every second; it must within `timeout_s`;
   training update n       one deadline when the update starts: `step_allowance_s` (the update is not
                           interrupted to report, so a stuck step is seen as one);
+  copying the parameters  once it holds the parameter lock: `timeout_s` (a copy takes milliseconds);
+  writing its state       serialising the state dicts for a checkpoint: `timeout_s`;
   waiting for the learner taking the parameter lock or sending on the result pipe: no deadline (the learner is
                           the slow side then, and it judges its own waits).
 
