@@ -340,8 +340,8 @@ def test_learner_and_actors_train_on_cartpole(processes, tmp_path):
 
 @pytest.mark.slow
 def test_muzero_learns_cartpole(tmp_path):
-    """The shipped preset, real launcher: the training envs' mean return reaches 100 (random play: about 22).
-    Breaking the search (a uniform policy target) or the value targets keeps it far below within the time."""
+    """The shipped preset, real launcher: the training envs' mean return reaches 100 (random play: about 22); 87 s
+    on 2 heavily shared cores. With the value targets broken (rewards left out of them) the best was 25 after 300 s."""
     logdir = str(tmp_path / "run")
     log_path = tmp_path / "local.log"
     with open(log_path, "wb") as log:
