@@ -112,6 +112,12 @@ class LearnerConfig(EnvOptions, TransportOptions):
     inference_devices: str = _field("", "Comma-separated inference devices (e.g. cuda:0,cuda:1), one batcher each, "
                                         "actors assigned round-robin; overrides --inference_device.")
     training_device: str = _field("cpu", "Device for training: cpu or cuda:N.")
+    training_devices: str = _field("", "Comma-separated training devices (e.g. cuda:0,cuda:1, or cpu,cpu): "
+                                       "data-parallel training, one training process per device under "
+                                       "torch.distributed (gloo on the CPU, NCCL on CUDA), each on 1/N of every "
+                                       "batch with gradients averaged (seed/data_parallel.py); needs "
+                                       "--training_process and a --batch_size divisible by N; overrides "
+                                       "--training_device.")
     cuda_graphs: bool = _field(True, "Replay the inference step as CUDA graphs on GPU inference devices "
                                      "(one graph per padded batch size).")
     total_environment_frames: float = _field(1e9, "Stop after this many env frames (agent steps x action repeat).")
@@ -125,15 +131,15 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                           "training never holds the GIL the inference thread needs. Unless set "
                                           "explicitly: on for training on the CPU; --deterministic and a CUDA "
                                           "--training_device train in the learner process.")
-    keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
-                                           "reuse instead of mmap/munmap per training step (seed/host_memory.py).")
-    # Network.
     training_process_timeout_s: float = _field(60.0, "--training_process: the training process counts as hung (the "
                                                      "learner dumps its stacks, kills it and exits non-zero) "
                                                      "when it waits for a command without reporting, or holds "
                                                      "the parameter lock, this long, or when an update takes "
                                                      "longer than this and 10x the slowest update so far (the "
                                                      "first update: 5x this).")
+    keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
+                                           "reuse instead of mmap/munmap per training step (seed/host_memory.py).")
+    # Network.
     network: str = _field("auto", "mlp, impala_deep, nature, dqn_small, football or football_small; auto = mlp "
                                   "for vectors, else the agent's "
                                   "image network.")

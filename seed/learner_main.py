@@ -40,6 +40,12 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
         # A small --replay_capacity (e.g. Atari on a 24 GiB machine) implies a smaller warm-up.
         config.replay_min_size = max(1, config.replay_capacity // 2)
     _derive_sync(config, explicit)
+    training_devices = [d.strip() for d in config.training_devices.split(",") if d.strip()]
+    if len(training_devices) > 1:
+        # Data-parallel training runs in training processes (seed/data_parallel.py); rank 0 takes the first device.
+        config.training_device = training_devices[0]
+        if "training_process" not in explicit and "training_process" not in preset_values:
+            config.training_process = True
     if "training_process" not in explicit and "training_process" not in preset_values:
         # Measured on 2 CPU cores (docs/performance/cpu/training_process/): never slower beyond noise, up to 1.8x
         # where the training thread's GIL time held inference back (R2D2's Pong preset: 1.06-1.28x); the GPU path
@@ -121,7 +127,19 @@ def validate(config: LearnerConfig) -> None:
         for name, refused, why in refusals:
             if refused:
                 raise ValueError(f"--deterministic: cannot be deterministic with {name}: {why}")
+    training_devices = [d.strip() for d in config.training_devices.split(",") if d.strip()]
+    if len(training_devices) > 1:
+        if not config.training_process:
+            raise ValueError(f"--training_devices: got {config.training_devices!r} with --notraining_process, "
+                             "expected --training_process (each device trains in a training process of its own)")
+        if config.batch_size % len(training_devices):
+            raise ValueError(f"--batch_size: got {config.batch_size} with --training_devices="
+                             f"{config.training_devices} ({len(training_devices)} devices), expected a multiple of "
+                             f"{len(training_devices)} (each device trains on an equal share of every batch)")
+        if len({d.split(":")[0] for d in training_devices}) > 1:
+            raise ValueError(f"--training_devices: got {config.training_devices!r}, expected all cpu or all cuda:N")
     devices = [("inference_device", config.inference_device), ("training_device", config.training_device)]
+    devices += [("training_devices", d) for d in training_devices]
     devices += [("inference_devices", d.strip()) for d in config.inference_devices.split(",") if d.strip()]
     for name, value in devices:
         if not (value == "cpu" or value.startswith("cuda")):

@@ -12,7 +12,9 @@ from typing import Any
 
 import torch
 
+from seed import data_parallel
 from seed.config import LearnerConfig
+from seed.data_parallel import Shard
 from seed.optimizer_stats import adam_step_fraction
 from seed.optimizers import clipped_lars
 from seed.unroll import TrainingBatch, Unroll
@@ -50,24 +52,36 @@ def make_optimizer(agent: Any, config: LearnerConfig) -> torch.optim.Optimizer:
 
 
 def train_on_batch(agent: Any, optimizer: torch.optim.Optimizer, batch: TrainingBatch, config: LearnerConfig,
-                   train_steps: int) -> StepResult:
-    """One update of `agent.network` on `batch`; `train_steps`: updates made before this one."""
+                   train_steps: int, shard: Shard | None = None) -> StepResult:
+    """One update of `agent.network` on `batch`; `train_steps`: updates made before this one.
+
+    With `shard` (--training_devices, seed/data_parallel.py) every rank is given the whole batch, trains on its
+    share of the columns and averages the gradients with the other ranks before the clip; the policy-lag check
+    is the whole batch's, and the priorities (R2D2) are the whole batch's, gathered in batch order."""
     lag = policy_lag(batch.unrolls, train_steps)
     if config.max_policy_lag and lag > config.max_policy_lag:
         return StepResult(False, {})
     priorities = None
     if hasattr(agent, "train_rollout"):  # PPO: its own epochs x minibatches of optimizer steps
-        values = agent.train_rollout(batch, optimizer, config.grad_clip_norm, train_steps)
+        if shard is None:
+            values = agent.train_rollout(batch, optimizer, config.grad_clip_norm, train_steps)
+        else:
+            values = data_parallel.train_rollout(agent, batch, optimizer, config.grad_clip_norm, train_steps, shard)
     else:
-        out = agent.loss(batch)
+        share, loss_scale = (batch, 1.0) if shard is None else shard.batch(batch)
+        out = agent.loss(share)
         optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
+        (out.loss if shard is None else out.loss * loss_scale).backward()
+        if shard is not None:
+            shard.all_reduce_gradients(list(agent.network.parameters()))
         values = dict(out.metrics)
         if config.grad_clip_norm > 0:
             values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.network.parameters(),
                                                                            config.grad_clip_norm))
         optimizer.step()
         priorities = out.priorities
+        if shard is not None and priorities is not None:
+            priorities = shard.gather_columns(priorities, int(batch.unrolls.env_id.shape[0]))
     values["policy_lag_updates"] = lag
     if train_steps % OPTIMIZER_STATS_EVERY == 0:  # a pass over every weight's state: sample it
         fraction = adam_step_fraction(optimizer)

@@ -1,0 +1,189 @@
+"""--training_devices: data-parallel training, one training process (a rank) per device under torch.distributed.
+
+    learner ("batch", slot) --> rank 0 (the training process, seed/training_process.py) --("batch", slot)--> rank k
+                                  |  every rank reads the whole slot (shared memory) and trains on its own
+                                  |  1/N of the batch's columns (the B dimension of time-major [T, B] tensors)
+                                  +--- gradients: one flattened all_reduce (sum / N) after each backward ---+
+    rank 0 publishes parameters and answers the learner (checkpoints); ranks 1..N-1 only train.
+
+Gradients are averaged by hand (one all_reduce of every gradient flattened into one buffer, then divided by N)
+rather than by wrapping the network in DistributedDataParallel: equivalent for the averaged gradient, and it
+leaves `agent.network` (its state dict's names, R2D2's several forward passes before one backward) as it is.
+Every rank then clips and steps the same averaged gradient from the same parameters, so the parameters stay
+identical; `check_in_sync` compares a checksum of them across ranks every `SYNC_CHECK_EVERY` updates.
+
+Loss scaling: each agent's loss is a mean over the batch's columns (V-trace and PPO: over [T, b] elements;
+R2D2: over sequences of importance-weighted TD sums), so the mean of the ranks' losses over equal shares is the
+whole batch's loss, and the averaged gradient its gradient. Shares of unequal size (a PPO minibatch of an odd
+number of columns) scale each rank's loss by its share of the columns (`Shard.loss_scale`). What is not a mean
+over columns is computed on the whole batch on every rank: the policy-lag check, and PPO's advantage
+normalisation over each minibatch (the whole minibatch's, then sharded). Logged loss metrics are rank 0's
+share's; gradient_norm is the averaged gradient's (the whole batch's).
+R2D2: each rank computes its sequences' priorities; rank 0 gathers them in batch order (`gather_columns`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import datetime
+import importlib
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from seed.unroll import TrainingBatch, Unroll
+
+SYNC_CHECK_EVERY = 100  # updates between checks that every rank holds the same parameters
+
+
+def parse_devices(training_devices: str) -> list[str]:
+    """'cuda:0,cuda:1' -> ['cuda:0', 'cuda:1'] ('' -> [])."""
+    return [d.strip() for d in training_devices.split(",") if d.strip()]
+
+
+def backend_for(device: str) -> str:
+    """torch.distributed backend: NCCL between CUDA devices, gloo between CPU processes."""
+    return "nccl" if device.startswith("cuda") else "gloo"
+
+
+def init_group(device: str, rank: int, world: int, store: dist.Store, timeout_s: float) -> None:
+    """Joins the process group of `world` ranks through `store` (rank 0's TCPStore)."""
+    dist.init_process_group(backend_for(device), store=store, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=timeout_s))
+
+
+def make_store(rank: int, world: int, port: int, timeout_s: float) -> dist.TCPStore:
+    """Rank 0 (`port` 0: the kernel picks a free one, read back from `.port`) serves, the others connect; on
+    127.0.0.1 only."""
+    return dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
+                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """This process's place among the data-parallel ranks.
+
+    Attributes:
+      rank: this process's rank in [0, world).
+      world: ranks training together (N).
+    """
+
+    rank: int
+    world: int
+
+    def columns(self, count: int) -> torch.Tensor:
+        """int64 [~count / N]: the indices of this rank's share of `count` columns (contiguous, in order; the first
+        count % N ranks get one more)."""
+        return torch.tensor_split(torch.arange(count), self.world)[self.rank]
+
+    def loss_scale(self, share: int, count: int) -> float:
+        """Factor on the loss of a share of `share` of `count` columns, so that the ranks' mean of the scaled
+        losses is the mean over all `count` columns (1.0 for equal shares)."""
+        return share * self.world / count
+
+    def batch(self, batch: TrainingBatch) -> tuple[TrainingBatch, float]:
+        """(this rank's share of `batch`'s columns, its loss scale)."""
+        count = int(batch.unrolls.env_id.shape[0])
+        index = self.columns(count).to(batch.unrolls.env_id.device)
+        weights = None if batch.importance_weights is None else batch.importance_weights.index_select(0, index)
+        share = TrainingBatch(select_columns(batch.unrolls, index), weights, batch.replay_indices,
+                              batch.replay_generations)
+        return share, self.loss_scale(len(index), count)
+
+    def all_reduce_gradients(self, parameters: list[torch.nn.Parameter]) -> None:
+        """Replaces every gradient with its mean over the ranks: one all_reduce of them flattened. Parameters
+        without a gradient (unused by the loss) have none on every rank (the same graph) and are skipped."""
+        grads = [p.grad for p in parameters if p.grad is not None]
+        if not grads:
+            return
+        flat = torch._utils._flatten_dense_tensors(grads)
+        dist.all_reduce(flat)
+        flat /= self.world
+        for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
+            grad.copy_(averaged)
+
+    def gather_columns(self, values: torch.Tensor, count: int) -> torch.Tensor:
+        """Every rank's share of per-column values [share] -> the whole batch's [count] in batch order (every rank
+        gets it; the shares must be equal: --batch_size divisible by N)."""
+        parts = [torch.empty_like(values) for _ in range(self.world)]
+        dist.all_gather(parts, values.contiguous())
+        gathered = torch.cat(parts)
+        if gathered.shape[0] != count:
+            raise ValueError(f"gathered columns: got {gathered.shape[0]}, expected {count} (the batch's)")
+        return gathered
+
+    def check_in_sync(self, network: torch.nn.Module, update: int) -> None:
+        """Raises RuntimeError if the ranks' parameters differ (a float64 checksum of them, compared exactly)."""
+        with torch.no_grad():
+            checksum = torch.stack([p.double().sum() for p in network.parameters()]).sum().reshape(1)
+        sums = [torch.empty_like(checksum) for _ in range(self.world)]
+        dist.all_gather(sums, checksum)
+        values = [float(s) for s in sums]
+        if len(set(values)) > 1:
+            raise RuntimeError(f"data-parallel ranks out of sync after update {update}: parameter checksums "
+                               f"{values} by rank, expected all equal")
+
+
+def select_columns(unrolls: Unroll, index: torch.Tensor) -> Unroll:
+    """The columns `index` of a time-major batch: steps [L, B, ...] -> [L, b, ...], initial state and env ids
+    [B, ...] -> [b, ...]."""
+    return Unroll({k: v.index_select(1, index) for k, v in unrolls.steps.items()},
+                  {k: v.index_select(0, index) for k, v in unrolls.initial_state.items()},
+                  unrolls.env_id.index_select(0, index))
+
+
+@contextlib.contextmanager
+def _advantages_normalised_already(agent: Any) -> Iterator[None]:
+    """While inside: the PPO agent's module treats the advantages it is given as normalised (its `normalize` is
+    the identity), so a rank's share can carry the whole minibatch's normalisation."""
+    module = importlib.import_module(type(agent).__module__)
+    normalize = module.normalize
+    module.normalize = lambda advantages: advantages
+    try:
+        yield
+    finally:
+        module.normalize = normalize
+
+
+def train_rollout(agent: Any, batch: TrainingBatch, optimizer: torch.optim.Optimizer, grad_clip_norm: float,
+                  update: int, shard: Shard) -> dict[str, float]:
+    """PPO's `train_rollout` (agents/ppo/agent.py) split over the ranks: the same `ppo_epochs` x `ppo_minibatches`
+    optimizer steps on the same shuffles (seeded by (seed, update) on every rank); each minibatch's columns are
+    split over the ranks, advantages normalised over the whole minibatch first, gradients averaged before the
+    clip. Returns the metrics averaged over the minibatch steps (rank 0's shares' losses)."""
+    c = agent.config
+    normalize = importlib.import_module(type(agent).__module__).normalize
+    unrolls = batch.unrolls
+    advantages, returns = agent.targets(unrolls)  # per column: the whole batch on every rank
+    columns = unrolls.reward.shape[1]
+    generator = torch.Generator().manual_seed(c.seed * 1_000_003 + update)
+    sums: dict[str, float] = {}
+    count = 0
+    for _ in range(c.ppo_epochs):
+        order = torch.randperm(columns, generator=generator)
+        for part in torch.tensor_split(order, min(c.ppo_minibatches, columns)):
+            if len(part) < shard.world:
+                raise ValueError(f"PPO minibatch: got {len(part)} columns (--batch_size / --ppo_minibatches), "
+                                 f"expected at least {shard.world} (one per training device)")
+            index = part.to(advantages.device)
+            minibatch_advantages = normalize(advantages.index_select(1, index))
+            share = shard.columns(len(index)).to(advantages.device)
+            mine = index.index_select(0, share)
+            with _advantages_normalised_already(agent):
+                out = agent.minibatch_loss(select_columns(unrolls, mine), minibatch_advantages.index_select(1, share),
+                                           returns.index_select(1, mine))
+            optimizer.zero_grad(set_to_none=True)
+            (out.loss * shard.loss_scale(len(share), len(index))).backward()
+            shard.all_reduce_gradients(list(agent.network.parameters()))
+            values = dict(out.metrics)
+            if grad_clip_norm > 0:
+                values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.network.parameters(),
+                                                                               grad_clip_norm))
+            optimizer.step()
+            for key, value in values.items():
+                sums[key] = sums.get(key, 0.0) + value
+            count += 1
+    return {key: value / count for key, value in sums.items()}
