@@ -55,11 +55,15 @@ def init_group(device: str, rank: int, world: int, store: dist.Store, timeout_s:
                             timeout=datetime.timedelta(seconds=timeout_s))
 
 
-def make_store(rank: int, world: int, port: int, timeout_s: float) -> dist.TCPStore:
-    """Rank 0 (`port` 0: the kernel picks a free one, read back from `.port`) serves, the others connect; on
-    127.0.0.1 only."""
-    return dist.TCPStore("127.0.0.1", port, world, is_master=rank == 0,
-                         timeout=datetime.timedelta(seconds=timeout_s), wait_for_workers=False)
+def serve_store(timeout_s: float) -> dist.TCPStore:
+    """The learner's rendezvous for the ranks: a TCPStore on 127.0.0.1 at a port the kernel picks (`.port`)."""
+    return dist.TCPStore("127.0.0.1", 0, None, is_master=True, timeout=datetime.timedelta(seconds=timeout_s),
+                         wait_for_workers=False)
+
+
+def connect_store(port: int, timeout_s: float) -> dist.TCPStore:
+    """A rank's client of the learner's store (`serve_store`)."""
+    return dist.TCPStore("127.0.0.1", port, None, is_master=False, timeout=datetime.timedelta(seconds=timeout_s))
 
 
 @dataclasses.dataclass(frozen=True)

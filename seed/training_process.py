@@ -44,6 +44,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
+from seed import data_parallel
 from seed import training_liveness as liveness
 from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
@@ -105,10 +106,22 @@ def from_bytes(data: bytes) -> tuple[dict, dict]:
     return state["agent"], state["optimizer"]
 
 
+def _name_process(name: str) -> None:
+    """Linux: the process's name in ps, top and /proc/<pid>/comm (at most 15 bytes)."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
 def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, train_steps: int,
-                parameters: SharedParameters, progress: TrainingProgress, learner_pid: int, commands,
-                results) -> None:
-    """The training process: trains on each batch slot it is sent and publishes after every update."""
+                parameters: SharedParameters | None, progress: TrainingProgress | None, learner_pid: int, commands,
+                results, rank: int = 0, world: int = 1, store_port: int = 0) -> None:
+    """The training process: trains on each batch slot it is sent and publishes after every update.
+
+    With --training_devices (`world` > 1) every rank runs this; rank 0 publishes, reports updates and answers for
+    the state, ranks 1..N-1 (`parameters`, `progress` and `results` None) only train, on the device of their rank.
+    """
     die_with_parent(learner_pid)
     from seed.agents import agent_module
     from seed.host_memory import keep_freed_memory
@@ -116,11 +129,23 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop (Ctrl-C reaches the group)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # the learner asks for our stacks when we hang
-    torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+    devices = data_parallel.parse_devices(config.training_devices) if world > 1 else [config.training_device]
+    torch.set_num_threads(max(1, (config.torch_threads or os.cpu_count() or 1) // world))
     if config.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(config.seed + 1)
-    device = torch.device(config.training_device)
+    device = torch.device(devices[rank])
+    shard = None
+    if world > 1:
+        _name_process(f"seed-train-r{rank}")
+        if device.type == "cuda":
+            torch.cuda.set_device(device)
+        group_timeout_s = liveness.FIRST_UPDATE_FACTOR * config.training_process_timeout_s
+        data_parallel.init_group(devices[rank], rank, world,
+                                 data_parallel.connect_store(store_port, group_timeout_s), group_timeout_s)
+        shard = data_parallel.Shard(rank, world)
+    if progress is None:  # ranks 1..N-1: rank 0 reports for them all (it waits for them in every update)
+        progress = TrainingProgress(config.training_process_timeout_s)
     agent_state, optimizer_state = from_bytes(initial_state)
     agent = agent_module(config.agent).Agent(spec, config)
     agent.load_state_dict(agent_state)
@@ -164,15 +189,22 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
                 fault.sleep_forever("training process")
             start = time.perf_counter()
             weights = None if importance_weights is None else torch.from_numpy(importance_weights).to(device)
+            # Ranks: the last collective of the update (gradients, priorities) follows every rank's last read of
+            # the slot, so rank 0's answer frees it for them all.
             result = train_on_batch(agent, optimizer, TrainingBatch(slots[slot].to(device), weights), config,
-                                    train_steps)
+                                    train_steps, shard)
             step_ms = (time.perf_counter() - start) * 1e3
             if not result.trained:
                 progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
-                results.send(("dropped", slot))
+                if results is not None:
+                    results.send(("dropped", slot))
                 continue
             train_steps += 1
             agent.after_update(train_steps)
+            if shard is not None and train_steps % data_parallel.SYNC_CHECK_EVERY == 0:
+                shard.check_in_sync(agent.network, train_steps)
+            if results is None:  # ranks 1..N-1: rank 0 publishes
+                continue
             slowest_update_s = max(slowest_update_s, time.perf_counter() - start)
             result.values["training_process/step_ms"] = step_ms
             priorities = (None if result.priorities is None
@@ -223,11 +255,29 @@ class TrainingProcess:
         child_commands, self._commands = self._context.Pipe(duplex=False)  # (receive end, send end)
         self._results, child_results = self._context.Pipe(duplex=False)
         self._child_ends = (child_commands, child_results)
+        initial_state = to_bytes(agent.state_dict(), optimizer.state_dict())
+        # --training_devices: ranks 1..N-1 are the learner's children too (they die with it); they meet rank 0
+        # through a store served here.
+        self.devices = data_parallel.parse_devices(config.training_devices) or [config.training_device]
+        world = len(self.devices)
+        self._store = data_parallel.serve_store(liveness.FIRST_UPDATE_FACTOR * self.timeout_s) if world > 1 else None
+        port = 0 if self._store is None else self._store.port
         self.process = self._context.Process(
             target=_child_main, name="seed-training",
-            args=(config, spec, to_bytes(agent.state_dict(), optimizer.state_dict()), train_steps, self.parameters,
-                  self.progress, os.getpid(), child_commands, child_results),
+            args=(config, spec, initial_state, train_steps, self.parameters, self.progress, os.getpid(),
+                  child_commands, child_results, 0, world, port),
             daemon=True)
+        self.ranks = [self.process]
+        self._rank_commands = [self._commands]
+        for rank in range(1, world):
+            rank_commands, commands = self._context.Pipe(duplex=False)
+            self._child_ends += (rank_commands,)
+            self._rank_commands.append(commands)
+            self.ranks.append(self._context.Process(
+                target=_child_main, name=f"seed-training-rank{rank}",
+                args=(config, spec, initial_state, train_steps, None, None, os.getpid(), rank_commands, None, rank,
+                      world, port),
+                daemon=True))
         self._next_batch = next_batch
         self._stop = stop
         self._depth = depth
@@ -248,14 +298,16 @@ class TrainingProcess:
         """Starts the child and the feeder. The child dies with the thread that calls this (its parent-death
         signal): call it from the thread that outlives the child (the learner's run)."""
         self.progress.report(liveness.STARTING, 0, liveness.FIRST_UPDATE_FACTOR * self.timeout_s)
-        self.process.start()
+        for process in self.ranks:
+            process.start()
         # Our copies of the child's pipe ends: closed, so that the child's exit reads as EOF here and ours there.
         for end in self._child_ends:
             end.close()
         self.feeder.start()
 
     def alive(self) -> bool:
-        return self.process.is_alive()
+        """Whether any training process (any rank) still runs."""
+        return any(process.is_alive() for process in self.ranks)
 
     def needs_asking(self) -> bool:
         """Whether the current agent and optimizer state are the child's: True while it runs; False before it
@@ -263,6 +315,7 @@ class TrainingProcess:
         ended any other way."""
         if self.process.pid is None or self._stopped:
             return False
+        self._raise_if_a_rank_died()
         if not self.process.is_alive():
             raise TrainingProcessDied(f"training process exited with code {self.process.exitcode}: its state since "
                                       "the last checkpoint is lost")
@@ -271,6 +324,23 @@ class TrainingProcess:
     def _send(self, message: tuple) -> None:
         with self._send_lock:
             self._commands.send(message)
+
+    def _send_all(self, message: tuple) -> None:
+        """To every rank (rank 0 alone without --training_devices)."""
+        with self._send_lock:
+            for commands in self._rank_commands:
+                commands.send(message)
+
+    def _raise_if_a_rank_died(self) -> None:
+        """--training_devices: raises TrainingProcessDied naming the first of ranks 1..N-1 that is gone (rank 0 then
+        fails in its next collective, or waits in it)."""
+        for rank, process in enumerate(self.ranks[1:], start=1):
+            if process.pid is not None and not process.is_alive():
+                process.join(timeout=5)
+                raise TrainingProcessDied(
+                    f"training rank {rank} of {len(self.ranks)} (pid {process.pid}, device {self.devices[rank]} of "
+                    f"--training_devices) exited with code {process.exitcode} while the learner ran (its traceback, "
+                    "if any, is above): data-parallel training cannot go on without it")
 
     def _feed(self) -> None:
         """Feeder thread: copies each prefetched batch into a free slot and tells the child."""
@@ -281,7 +351,7 @@ class TrainingProcess:
             if not self._slots:
                 self._slots = [batch.unrolls.map(lambda t: torch.empty_like(t, device="cpu").share_memory_())
                                for _ in range(self._depth)]
-                self._send(("slots", self._slots))
+                self._send_all(("slots", self._slots))
                 for slot in range(self._depth):
                     self._free.put(slot)
             while not self._may_send() and not self._stop.is_set():
@@ -292,7 +362,7 @@ class TrainingProcess:
             _copy_into(self._slots[slot], batch.unrolls)
             self._replay_keys[slot] = (batch.replay_indices, batch.replay_generations)
             weights = None if batch.importance_weights is None else batch.importance_weights.cpu().numpy()
-            self._send(("batch", slot, weights))
+            self._send_all(("batch", slot, weights))
             self._batches_sent += 1
 
     def _may_send(self) -> bool:
@@ -318,6 +388,7 @@ class TrainingProcess:
                 message = self._results.recv()
             except (EOFError, OSError):
                 self.process.join(timeout=5)
+                self._raise_if_a_rank_died()
                 raise TrainingProcessDied(f"training process exited with code {self.process.exitcode} while the "
                                           f"learner ran (its traceback, if any, is above)") from None
             wait = 0.0
@@ -366,6 +437,7 @@ class TrainingProcess:
         """Raises TrainingProcessHung (after killing the child) if the child is past its deadline."""
         if self.process.pid is None or self._stopped:
             return
+        self._raise_if_a_rank_died()
         reason = self.progress.overdue()
         if reason is not None:
             if not self.process.is_alive():
@@ -383,8 +455,9 @@ class TrainingProcess:
             time.sleep(1.0)
         except ProcessLookupError:
             pass
-        self.process.kill()
-        self.process.join(timeout=5)
+        for process in self.ranks:  # ranks 1..N-1 (rank 0 waited on them, or they on it) go with it
+            process.kill()
+            process.join(timeout=5)
         raise TrainingProcessHung(f"training process (pid {pid}) hung: {reason}; limit from "
                                   f"--training_process_timeout_s={self.timeout_s:g}; killed it (exit code "
                                   f"{self.process.exitcode})")
@@ -407,16 +480,20 @@ class TrainingProcess:
         self._stopped = True
         if self.feeder.ident is not None:
             self.feeder.join(timeout=10)
-        if self.process.is_alive():
-            try:
-                self._send(("stop",))
-            except (BrokenPipeError, OSError):
-                pass
-            self.process.join(timeout=30)
-            if self.process.is_alive():
-                self.process.kill()
-                self.process.join(timeout=5)
-        for end in (self._commands, self._results):
+        for process, commands in zip(self.ranks, self._rank_commands, strict=True):
+            if process.is_alive():
+                try:
+                    commands.send(("stop",))
+                except (BrokenPipeError, OSError):
+                    pass
+        for process in self.ranks:
+            if process.pid is None:
+                continue
+            process.join(timeout=30)
+            if process.is_alive():
+                process.kill()
+                process.join(timeout=5)
+        for end in (*self._rank_commands, self._results):
             end.close()
         if not self.process.is_alive():
             self.parameters.close()

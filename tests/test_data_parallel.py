@@ -6,6 +6,10 @@ the same 20 fixed batches, against one trainer (this process) on the whole batch
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
+
 import numpy as np
 import pytest
 import torch
@@ -109,3 +113,89 @@ def test_two_cpu_ranks_train_the_same_parameters_as_one_trainer_on_the_whole_bat
         for step, priorities in enumerate(expected_priorities):
             torch.testing.assert_close(ranks[0]["priorities"][step], priorities, rtol=1e-4, atol=1e-5,
                                        msg=f"update {step}")
+
+
+def _learner_args(tmp_path, **overrides) -> dict:
+    values = dict(env="gym:CartPole-v1", logdir=str(tmp_path / "run"), server_address=f"unix:{tmp_path}/s",
+                  num_actors=1, envs_per_actor=4, batch_size=4, unroll_length=8, torch_threads=1,
+                  log_interval_s=0.5, training_devices="cpu,cpu")
+    values.update(overrides)
+    return values
+
+
+def _actor(processes, tmp_path):
+    args = dict(env="gym:CartPole-v1", server_address=f"unix:{tmp_path}/s", actor_index=0, envs_per_actor=4)
+    return processes.actor([f"--{k}={v}" for k, v in args.items()], "actor0")
+
+
+def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(processes, tmp_path):
+    import threading
+
+    from seed import checkpoint
+    from seed.learner import Learner
+    from seed.learner_main import resolve_config
+
+    learner = Learner(resolve_config(_learner_args(tmp_path, max_train_steps=12, checkpoint_interval_s=3600)))
+    assert len(learner.training_process.ranks) == 2
+    raised: list[BaseException] = []
+
+    def run():
+        try:
+            learner.run()
+        except BaseException as error:  # noqa: BLE001 - inspected below
+            raised.append(error)
+
+    runner = threading.Thread(target=run)
+    runner.start()
+    _actor(processes, tmp_path)
+    runner.join(180)
+    if runner.is_alive():
+        learner.request_stop()
+        runner.join(30)
+        pytest.fail("the learner did not stop at --max_train_steps")
+    assert not raised, raised
+    assert learner.metrics.train_steps == 12
+    assert not learner.training_process.alive(), "a training rank outlived the learner's stop"
+    _, saved = checkpoint.latest(learner.config.logdir)  # rank 0's state, the 12th update's
+    assert saved["counters"]["train_steps"] == 12
+    learner.inference.parameters.refresh()
+    assert learner.inference.parameters.applied == 12
+    served = learner.inference.network.state_dict()
+    for name, tensor in saved["agent"]["network"].items():
+        assert torch.equal(served[name].cpu(), tensor.cpu()), name
+
+
+def _rank_pid(learner_pid: int, rank: int) -> int | None:
+    """The learner's child process named seed-train-r<rank> (seed/training_process.py names its ranks)."""
+    for task in os.listdir(f"/proc/{learner_pid}/task"):
+        with open(f"/proc/{learner_pid}/task/{task}/children") as f:
+            for child in f.read().split():
+                try:
+                    with open(f"/proc/{child}/comm") as comm:
+                        if comm.read().strip() == f"seed-train-r{rank}":
+                            return int(child)
+                except OSError:  # it just exited
+                    pass
+    return None
+
+
+def test_killing_training_rank_1_ends_the_learner_naming_it(processes, tmp_path):
+    from tests.conftest import read_metrics, wait_for
+
+    args = _learner_args(tmp_path, checkpoint_interval_s=3600)
+    learner = processes.learner([f"--{k}={v}" for k, v in args.items()])
+    _actor(processes, tmp_path)
+    logdir = args["logdir"]
+    wait_for(lambda: os.path.exists(os.path.join(logdir, "metrics.jsonl")) and any(
+        row.get("train_steps", 0) >= 3 for row in read_metrics(logdir)), 120, "3 data-parallel updates",
+        on_timeout=lambda: processes.output(learner))
+    pid = _rank_pid(learner.pid, 1)
+    assert pid is not None, "no process named seed-train-r1 under the learner"
+    os.kill(pid, signal.SIGKILL)
+    try:
+        code = learner.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"the learner went on after training rank 1 was killed\n{processes.output(learner)[-3000:]}")
+    output = processes.output(learner)
+    assert code != 0, output[-3000:]
+    assert f"training rank 1 of 2 (pid {pid}" in output, output[-3000:]
