@@ -103,13 +103,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         total_environment_frames=1e6,
     ),
     # MuZero (EfficientZero) on CartPole for a 2-core CPU machine: the agent's gym defaults (an MLP model, 25 pUCT
-    # simulations per step, sequences of 10 starts, K = 5, n = 5), 2 actors x 4 envs of which 2 evaluate, one
-    # search for both actors' 8 envs, and many updates per env step (batches of 8 sequences = 80 unrolls, each
-    # inserted position trained 32 times): sample efficiency is what MuZero is for.
+    # simulations per step, K = 5) with muzero-pytorch's CartPole discount 0.997, n = 10 and Dirichlet alpha 0.25;
+    # sequences of 15 starts (burn_in >= K + n - 1 = 14 must stay below unroll_length); 2 actors x 4 envs of which
+    # 2 evaluate, one search for both actors' 8 envs; training envs sample from visit counts at temperature 0.5
+    # (muzero-pytorch ends its schedule at 0.25); many updates per env step (batches of 8 sequences = 120
+    # unrolls, each inserted position trained 32 times): sample efficiency is what MuZero is for.
     "cartpole_muzero": dict(
         agent="muzero", env="gym:CartPole-v1", num_actors=2, envs_per_actor=4, num_eval_envs=2,
         inference_batch_size=8, batch_size=8, replay_ratio=32.0, total_environment_frames=60_000,
-        log_interval_s=10.0,
+        log_interval_s=10.0, discounting=0.997, td_steps=10, burn_in=14, unroll_length=15, dirichlet_alpha=0.25,
+        visit_temperature=0.5,
     ),
 }
 
@@ -134,8 +137,10 @@ PRESET_SOURCES: dict[str, str] = {
                           "lr 3.43e-4, scoring,checkpoints rewards) with the small Football network; not yet "
                           "measured here.",
     "football_goal_ppo": "as football_close_ppo, on academy_empty_goal.",
-    "cartpole_muzero": "the MuZero agent's gym defaults (EfficientZero's losses, K, n and horizons; supports, "
-                       "network and replay sized for CartPole on 2 CPU cores; docs/learning/README.md).",
+    "cartpole_muzero": "the MuZero agent's gym defaults (EfficientZero's losses, K and horizons; supports, "
+                       "network and replay sized for CartPole on 2 CPU cores) with muzero-pytorch's CartPole "
+                       "discount 0.997, n = 10 and Dirichlet alpha 0.25, visit temperature 0.5; "
+                       "docs/learning/README.md.",
     "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
                     "deterministic.",
 }
