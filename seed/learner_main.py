@@ -41,12 +41,12 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
         config.replay_min_size = max(1, config.replay_capacity // 2)
     _derive_sync(config, explicit)
     training_devices = [d.strip() for d in config.training_devices.split(",") if d.strip()]
-    if len(training_devices) > 1:
-        # Data-parallel training runs in training processes (seed/data_parallel.py); rank 0 takes the first device.
+    if training_devices:  # rank 0 (the only rank with one device) trains on the first device
         config.training_device = training_devices[0]
+    if len(training_devices) > 1:  # data-parallel training runs in training processes (seed/data_parallel.py)
         if "training_process" not in explicit and "training_process" not in preset_values:
             config.training_process = True
-    if "training_process" not in explicit and "training_process" not in preset_values:
+    elif "training_process" not in explicit and "training_process" not in preset_values:
         # Measured on 2 CPU cores (docs/performance/cpu/training_process/): never slower beyond noise, up to 1.8x
         # where the training thread's GIL time held inference back (R2D2's Pong preset: 1.06-1.28x); the GPU path
         # keeps the thread it was measured with.

@@ -199,3 +199,15 @@ def test_killing_training_rank_1_ends_the_learner_naming_it(processes, tmp_path)
     output = processes.output(learner)
     assert code != 0, output[-3000:]
     assert f"training rank 1 of 2 (pid {pid}" in output, output[-3000:]
+
+
+def test_training_devices_are_refused_with_a_batch_size_they_do_not_divide_or_without_the_training_process():
+    from seed.learner_main import resolve_config
+
+    with pytest.raises(ValueError, match=r"--batch_size: got 5 with --training_devices=cpu,cpu \(2 devices\), "
+                                         "expected a multiple of 2"):
+        resolve_config(dict(env="fake:vector", batch_size=5, training_devices="cpu,cpu"))
+    with pytest.raises(ValueError, match="--training_devices: got 'cpu,cpu' with --notraining_process"):
+        resolve_config(dict(env="fake:vector", batch_size=4, training_devices="cpu,cpu", training_process=False))
+    config = resolve_config(dict(env="fake:vector", batch_size=4, training_devices="cpu,cpu"))
+    assert config.training_process and config.training_device == "cpu"

@@ -25,6 +25,7 @@ OVERLAYS = {
     "cpu": (0, ("cpu", "cpu")),
     "gpu": (1, ("cuda:0", "cuda:0")),
     "split-gpu": (2, ("cuda:0", "cuda:1")),
+    "multi-gpu": (3, ("cuda:0", "cuda:1,cuda:2")),  # --training_devices: data-parallel training on two GPUs
 }
 # The oldest Kubernetes the manifests target (native gRPC probes are GA since 1.27); the newest schema that
 # kubernetes-validate bundles is checked too.
@@ -329,8 +330,9 @@ def test_every_flag_is_a_real_flag(overlay):
     # Overlay-specific values.
     learner = effective(learner_flags)
     gpus, devices = OVERLAYS[overlay]
-    assert (learner["inference_device"], learner["training_device"]) == devices
-    needed = max([int(d.split(":")[1]) + 1 for d in devices if d.startswith("cuda")], default=0)
+    training = learner.get("training_devices") or learner["training_device"]
+    assert (learner["inference_device"], training) == devices
+    needed = max([int(d.split(":")[1]) + 1 for d in ",".join(devices).split(",") if d.startswith("cuda")], default=0)
     assert needed <= gpus
     replicas = find(docs, "StatefulSet", ACTOR)["spec"]["replicas"]
     assert int(learner["num_actors"]) >= replicas, "the learner would reject actors beyond --num_actors"
