@@ -94,7 +94,7 @@ class ActorConfig(EnvOptions, TransportOptions):
 
 @dataclasses.dataclass
 class LearnerConfig(EnvOptions, TransportOptions):
-    agent: str = _field("vtrace", "vtrace, r2d2 or ppo.")
+    agent: str = _field("vtrace", "vtrace, r2d2, ppo or muzero.")
     logdir: str = _field("", "Where metrics, TensorBoard events and checkpoints go; default logs/<agent>-<env>.")
     server_address: str = _field("unix:{logdir}/learner.sock,127.0.0.1:8686",
                                  "Comma-separated listen addresses (host:port or unix:/path); {logdir} is replaced. "
