@@ -23,6 +23,14 @@ hung; its stacks are dumped to stderr, it is killed and `TrainingProcessHung` ra
 R2D2's replay stays in the learner process: the feeder samples it, sends each batch's importance weights with
 its slot, and keeps the slot's replay indices and generations; the child returns the new priorities with the
 update, and the learner's main thread writes them into the replay (`TrainingUpdate`).
+
+--training_devices=d0,d1,...: data-parallel training (seed/data_parallel.py). The learner starts one training
+process per device, all its children (rank 0 is the process above; ranks 1..N-1 are named seed-train-r<k> in ps),
+which meet through a TCPStore the learner serves on 127.0.0.1 and form a torch.distributed group (gloo on the
+CPU, NCCL on CUDA). Every rank gets the slots and each batch's command, reads the whole slot and trains on its
+share of the columns; only rank 0 publishes, reports updates and hands over its state for checkpoints. The
+learner checks ranks 1..N-1 whenever it checks rank 0: a dead one ends it (`TrainingProcessDied` naming the rank);
+a hung one holds rank 0 in a collective past its deadline, and every rank is killed.
 """
 
 from __future__ import annotations
