@@ -128,14 +128,18 @@ def _actor(processes, tmp_path):
     return processes.actor([f"--{k}={v}" for k, v in args.items()], "actor0")
 
 
-def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(processes, tmp_path):
+@pytest.mark.parametrize("agent_name", ["vtrace", "r2d2"])
+def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(processes, tmp_path, agent_name):
+    """R2D2: rank 0 hands the learner the whole batch's priorities, which it writes into the replay."""
     import threading
 
     from seed import checkpoint
     from seed.learner import Learner
     from seed.learner_main import resolve_config
 
-    learner = Learner(resolve_config(_learner_args(tmp_path, max_train_steps=12, checkpoint_interval_s=3600)))
+    extra = dict(replay_min_size=16, replay_capacity=256, burn_in=2) if agent_name == "r2d2" else {}
+    learner = Learner(resolve_config(_learner_args(tmp_path, agent=agent_name, max_train_steps=12,
+                                                   checkpoint_interval_s=3600, **extra)))
     assert len(learner.training_process.ranks) == 2
     raised: list[BaseException] = []
 
@@ -163,6 +167,10 @@ def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(
     served = learner.inference.network.state_dict()
     for name, tensor in saved["agent"]["network"].items():
         assert torch.equal(served[name].cpu(), tensor.cpu()), name
+    if agent_name == "r2d2":  # every slot of every batch got its new priority (or was written since)
+        replay = learner.experience.replay
+        assert replay.priority_updates + replay.stale_priority_updates == 12 * learner.config.batch_size
+        assert replay.priority_updates > 0
 
 
 def _rank_pid(learner_pid: int, rank: int) -> int | None:
