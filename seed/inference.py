@@ -272,7 +272,7 @@ class CentralInference:
         self._answer(actors, seqs, REPLY_OK)
         completed_rollout = None if self.gate is None else self.gate.stepped(actors)
         now = time.monotonic()
-        self.on_batch(b, (now - arrivals).tolist())
+        self.on_batch(b, request_latencies_s(now, arrivals))
         clock.append(time.perf_counter())
 
         step = {
@@ -311,3 +311,12 @@ class CentralInference:
             self.on_episodes(FinishedEpisodes(ids, table.episode_return[ids].copy(), table.episode_length[ids] - 1))
             table.episode_return[ids] = 0.0
             table.episode_length[ids] = 1
+
+
+def request_latencies_s(now: float, arrivals: np.ndarray) -> list[float]:
+    """Seconds from each request's arrival to its answer at `now` (monotonic clock), for the latency metric.
+
+    `arrivals` [n] come from the slab, which an actor on this host writes itself: an absurd one (inf, NaN, a time in
+    the future) is left out rather than turning the row's latency percentiles into inf or NaN."""
+    latencies = now - np.asarray(arrivals, dtype=np.float64)
+    return latencies[np.isfinite(latencies) & (latencies >= 0.0)].tolist()

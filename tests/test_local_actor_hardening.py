@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from seed._proto import seed_pb2
+from seed.inference import request_latencies_s
 from seed.serving import notify, shm_protocol
 from seed.serving.slab import StepSlab
 from seed.shm_actor_link import ShmLink, ShmUnavailable
@@ -155,6 +156,13 @@ def test_an_absurd_arrival_time_is_batched_normally(slab, arrival_s):
     finally:
         os.close(read_fd), os.close(write_fd)
 
+
+
+def test_an_absurd_arrival_time_stays_out_of_the_latency_metric():
+    """The same absurd arrival_s reached the row's latency percentiles as inf or NaN (now - arrival); it is left
+    out, the true latencies kept."""
+    arrivals = np.array([99.5, float("inf"), float("-inf"), float("nan"), 1e300, 99.9, 120.0])
+    assert request_latencies_s(100.0, arrivals) == pytest.approx([0.5, 0.1])
 
 def _foreign_listener(path: str, report_fd: int) -> int:
     """Forks another user's listener on `path`: it binds and listens as nobody, accepts one connection and writes
