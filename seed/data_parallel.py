@@ -24,16 +24,14 @@ R2D2: each rank computes its sequences' priorities; rank 0 gathers them in batch
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import datetime
-import importlib
-from collections.abc import Iterator
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+from seed.agents.ppo.ppo import normalize
 from seed.unroll import TrainingBatch, Unroll
 
 SYNC_CHECK_EVERY = 100  # updates between checks that every rank holds the same parameters
@@ -139,19 +137,6 @@ def select_columns(unrolls: Unroll, index: torch.Tensor) -> Unroll:
                   unrolls.env_id.index_select(0, index))
 
 
-@contextlib.contextmanager
-def _advantages_normalised_already(agent: Any) -> Iterator[None]:
-    """While inside: the PPO agent's module treats the advantages it is given as normalised (its `normalize` is
-    the identity), so a rank's share can carry the whole minibatch's normalisation."""
-    module = importlib.import_module(type(agent).__module__)
-    normalize = module.normalize
-    module.normalize = lambda advantages: advantages
-    try:
-        yield
-    finally:
-        module.normalize = normalize
-
-
 def train_rollout(agent: Any, batch: TrainingBatch, optimizer: torch.optim.Optimizer, grad_clip_norm: float,
                   update: int, shard: Shard) -> dict[str, float]:
     """PPO's `train_rollout` (agents/ppo/agent.py) split over the ranks: the same `ppo_epochs` x `ppo_minibatches`
@@ -159,7 +144,6 @@ def train_rollout(agent: Any, batch: TrainingBatch, optimizer: torch.optim.Optim
     split over the ranks, advantages normalised over the whole minibatch first, gradients averaged before the
     clip. Returns the metrics averaged over the minibatch steps (rank 0's shares' losses)."""
     c = agent.config
-    normalize = importlib.import_module(type(agent).__module__).normalize
     unrolls = batch.unrolls
     advantages, returns = agent.targets(unrolls)  # per column: the whole batch on every rank
     columns = unrolls.reward.shape[1]
@@ -176,9 +160,8 @@ def train_rollout(agent: Any, batch: TrainingBatch, optimizer: torch.optim.Optim
             minibatch_advantages = normalize(advantages.index_select(1, index))
             share = shard.columns(len(index)).to(advantages.device)
             mine = index.index_select(0, share)
-            with _advantages_normalised_already(agent):
-                out = agent.minibatch_loss(select_columns(unrolls, mine), minibatch_advantages.index_select(1, share),
-                                           returns.index_select(1, mine))
+            out = agent.minibatch_loss(select_columns(unrolls, mine), minibatch_advantages.index_select(1, share),
+                                       returns.index_select(1, mine), advantages_normalized=True)
             optimizer.zero_grad(set_to_none=True)
             (out.loss * shard.loss_scale(len(share), len(index))).backward()
             shard.all_reduce_gradients(list(agent.network.parameters()))

@@ -120,16 +120,19 @@ class Agent:
         discounts = (~unrolls.done[1:]).float() * c.discounting
         return gae(rewards, values[:-1], values[-1], discounts, c.lambda_)
 
-    def minibatch_loss(self, unrolls: Unroll, advantages: torch.Tensor, returns: torch.Tensor) -> LossOutput:
+    def minibatch_loss(self, unrolls: Unroll, advantages: torch.Tensor, returns: torch.Tensor,
+                       advantages_normalized: bool = False) -> LossOutput:
         """Clipped surrogate + baseline_cost x 0.5 (R - V)^2 - entropy_cost x entropy on one minibatch of env
-        columns (unrolls [T + 1, b, ...], advantages and returns [T, b]); advantages normalised over it."""
+        columns (unrolls [T + 1, b, ...], advantages and returns [T, b]); advantages normalised over it unless
+        `advantages_normalized` (a data-parallel rank's share, normalised over the whole minibatch already)."""
         c = self.config
         logits, values = self._run(unrolls)
         actions = unrolls.action[:-1].unsqueeze(-1)
         log_probs = F.log_softmax(logits[:-1], -1)
         action_log_probs = log_probs.gather(-1, actions).squeeze(-1)
         behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1).gather(-1, actions).squeeze(-1)
-        surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs, normalize(advantages), c.ppo_clip)
+        surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs,
+                                           advantages if advantages_normalized else normalize(advantages), c.ppo_clip)
         baseline_loss = c.baseline_cost * 0.5 * (returns - values[:-1]).pow(2).mean()
         entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
         total = surrogate.loss + baseline_loss - c.entropy_cost * entropy
