@@ -66,7 +66,7 @@ def _git_commit() -> str | None:
     return (commit + ("+dirty" if dirty else "")) or None
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -117,7 +117,7 @@ def describe(setup: BenchSetup) -> dict[str, Any]:
         "inference_device": c.inference_devices or c.inference_device, "training_device": c.training_device,
         "training_process": c.training_process,
         "devices": {"cpu_cores": os.cpu_count(), "accelerators": accelerators(c)},
-        "cpu_cores": os.cpu_count(), "cpu_model": _cpu_model(), "transport": setup.transport,
+        "cpu_cores": os.cpu_count(), "cpu_model": cpu_model(), "transport": setup.transport,
         "actor_torch_threads": setup.actor_torch_threads, "learner_flags": setup.learner_flags,
         "learner_switch_interval_ms": setup.switch_interval_ms or None,
         **_versions(), "platform": platform.platform(), "git_commit": _git_commit(),

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from seed.bench.results import cpu_model
+
 SCHEMA = "seed-bench-search/1"
 EMBEDDING = 16
 DISCOUNT = 0.997
@@ -134,17 +136,6 @@ def bench_mctx(algorithm: str, batch: int, simulations: int, actions: int, warmu
             "xla_flags": os.environ.get("XLA_FLAGS", "")}
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     if args.cpu >= 0:
         os.sched_setaffinity(0, {args.cpu})
@@ -164,7 +155,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         if have_mctx:
             results[f"mctx_{algorithm}"] = bench_mctx(algorithm, *shape, args.warmup, args.repeats, args.seed)
     return {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "machine": {"cpu": _cpu_model(), "cpu_count": os.cpu_count(), "pinned_cpu": args.cpu,
+            "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "pinned_cpu": args.cpu,
                         "load_average_before": load_before, "load_average_after": os.getloadavg(),
                         "python": platform.python_version(), "numpy": np.__version__},
             "config": {"batch": args.batch, "simulations": args.simulations, "actions": args.actions,
