@@ -26,12 +26,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from seed.agents.ppo.ppo import normalize
 from seed.unroll import TrainingBatch, Unroll
 
 SYNC_CHECK_EVERY = 100  # updates between checks that every rank holds the same parameters
@@ -137,40 +135,3 @@ def select_columns(unrolls: Unroll, index: torch.Tensor) -> Unroll:
                   unrolls.env_id.index_select(0, index))
 
 
-def train_rollout(agent: Any, batch: TrainingBatch, optimizer: torch.optim.Optimizer, grad_clip_norm: float,
-                  update: int, shard: Shard) -> dict[str, float]:
-    """PPO's `train_rollout` (agents/ppo/agent.py) split over the ranks: the same `ppo_epochs` x `ppo_minibatches`
-    optimizer steps on the same shuffles (seeded by (seed, update) on every rank); each minibatch's columns are
-    split over the ranks, advantages normalised over the whole minibatch first, gradients averaged before the
-    clip. Returns the metrics averaged over the minibatch steps (rank 0's shares' losses)."""
-    c = agent.config
-    unrolls = batch.unrolls
-    advantages, returns = agent.targets(unrolls)  # per column: the whole batch on every rank
-    columns = unrolls.reward.shape[1]
-    generator = torch.Generator().manual_seed(c.seed * 1_000_003 + update)
-    sums: dict[str, float] = {}
-    count = 0
-    for _ in range(c.ppo_epochs):
-        order = torch.randperm(columns, generator=generator)
-        for part in torch.tensor_split(order, min(c.ppo_minibatches, columns)):
-            if len(part) < shard.world:
-                raise ValueError(f"PPO minibatch: got {len(part)} columns (--batch_size / --ppo_minibatches), "
-                                 f"expected at least {shard.world} (one per training device)")
-            index = part.to(advantages.device)
-            minibatch_advantages = normalize(advantages.index_select(1, index))
-            share = shard.columns(len(index)).to(advantages.device)
-            mine = index.index_select(0, share)
-            out = agent.minibatch_loss(select_columns(unrolls, mine), minibatch_advantages.index_select(1, share),
-                                       returns.index_select(1, mine), advantages_normalized=True)
-            optimizer.zero_grad(set_to_none=True)
-            (out.loss * shard.loss_scale(len(share), len(index))).backward()
-            shard.all_reduce_gradients(list(agent.network.parameters()))
-            values = dict(out.metrics)
-            if grad_clip_norm > 0:
-                values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.network.parameters(),
-                                                                               grad_clip_norm))
-            optimizer.step()
-            for key, value in values.items():
-                sums[key] = sums.get(key, 0.0) + value
-            count += 1
-    return {key: value / count for key, value in sums.items()}

@@ -12,7 +12,6 @@ from typing import Any
 
 import torch
 
-from seed import data_parallel
 from seed.config import LearnerConfig
 from seed.data_parallel import Shard
 from seed.optimizer_stats import adam_step_fraction
@@ -63,10 +62,7 @@ def train_on_batch(agent: Any, optimizer: torch.optim.Optimizer, batch: Training
         return StepResult(False, {})
     priorities = None
     if hasattr(agent, "train_rollout"):  # PPO: its own epochs x minibatches of optimizer steps
-        if shard is None:
-            values = agent.train_rollout(batch, optimizer, config.grad_clip_norm, train_steps)
-        else:
-            values = data_parallel.train_rollout(agent, batch, optimizer, config.grad_clip_norm, train_steps, shard)
+        values = agent.train_rollout(batch, optimizer, config.grad_clip_norm, train_steps, shard)
     else:
         share, loss_scale = (batch, 1.0) if shard is None else shard.batch(batch)
         out = agent.loss(share)

@@ -154,7 +154,7 @@ class Agent:
         return self.minibatch_loss(batch.unrolls, advantages, returns)
 
     def train_rollout(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, grad_clip_norm: float,
-                      update: int) -> dict[str, float]:
+                      update: int, shard: Any = None) -> dict[str, float]:
         """One learner update on one rollout storage: `ppo_epochs` passes, each over `ppo_minibatches`
         minibatches of env columns (all T steps of b ~ B / ppo_minibatches envs, so recurrent state and frame
         stacks stay whole), one optimizer step each. Advantages come from the values before the first step.
@@ -163,6 +163,9 @@ class Agent:
         Args:
           batch: unrolls [T + 1, B, ...] of one rollout, on the training device.
           update: the number of updates done before this one (the learner's train_steps).
+          shard: with data-parallel training (seed/data_parallel.py's Shard), this rank's part: each minibatch's
+            columns are split over the ranks, its advantages normalised over the whole minibatch first, the
+            gradients averaged before the clip. Logged losses are then this rank's share's.
         Returns the metrics averaged over the minibatch steps (plus `gradient_norm` with a clip).
         """
         c = self.config
@@ -176,12 +179,26 @@ class Agent:
             order = torch.randperm(columns, generator=generator)
             for part in torch.tensor_split(order, min(c.ppo_minibatches, columns)):
                 index = part.to(advantages.device)
-                minibatch = Unroll({k: v.index_select(1, index) for k, v in unrolls.steps.items()},
-                                   {k: v.index_select(0, index) for k, v in unrolls.initial_state.items()},
-                                   unrolls.env_id.index_select(0, index))
-                out = self.minibatch_loss(minibatch, advantages.index_select(1, index), returns.index_select(1, index))
+                minibatch_advantages, mine, loss_scale = advantages.index_select(1, index), index, 1.0
+                if shard is not None:
+                    if len(part) < shard.world:
+                        raise ValueError(f"PPO minibatch: got {len(part)} columns (--batch_size / --ppo_minibatches), "
+                                         f"expected at least {shard.world} (one per training device)")
+                    share = shard.columns(len(index)).to(advantages.device)
+                    mine = index.index_select(0, share)
+                    minibatch_advantages = normalize(minibatch_advantages).index_select(1, share)
+                    loss_scale = shard.loss_scale(len(share), len(index))
+                minibatch = Unroll({k: v.index_select(1, mine) for k, v in unrolls.steps.items()},
+                                   {k: v.index_select(0, mine) for k, v in unrolls.initial_state.items()},
+                                   unrolls.env_id.index_select(0, mine))
+                out = self.minibatch_loss(minibatch, minibatch_advantages, returns.index_select(1, mine),
+                                          advantages_normalized=shard is not None)
                 optimizer.zero_grad(set_to_none=True)
-                out.loss.backward()
+                if shard is None:
+                    out.loss.backward()
+                else:
+                    (out.loss * loss_scale).backward()
+                    shard.all_reduce_gradients(list(self.network.parameters()))
                 values = dict(out.metrics)
                 if grad_clip_norm > 0:
                     values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(),
