@@ -19,6 +19,7 @@ value h(x) (agents/muzero/targets.py); the last layers of the value, value-prefi
 
 from __future__ import annotations
 
+import abc
 import math
 
 import torch
@@ -90,7 +91,7 @@ class _ValuePrefixLSTM(nn.Module):
         return self.head(F.relu(self.norm(h))), (h, c)
 
 
-class MuZeroNetwork(nn.Module):
+class MuZeroNetwork(nn.Module, abc.ABC):
     """The shared interface; subclasses build `representation`, `dynamics_core`, `prefix_features`,
     `prediction_core`, `value_head`, `policy_head`, `value_prefix` and `projection`."""
 
@@ -101,17 +102,17 @@ class MuZeroNetwork(nn.Module):
         zeros = torch.zeros(batch, self.lstm_size, device=device)
         return zeros, zeros.clone()
 
+    @abc.abstractmethod
     def represent(self, observation: torch.Tensor) -> torch.Tensor:
         """Stacked observations [N, S, *frame] -> normalised latent."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def dynamics(self, latent: torch.Tensor, action: torch.Tensor) -> torch.Tensor:
         """(latent, action int64 [N]) -> the next normalised latent."""
-        raise NotImplementedError
 
+    @abc.abstractmethod
     def predict(self, latent: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """latent -> (policy logits [N, A], value logits [N, 2 Sv + 1])."""
-        raise NotImplementedError
 
     def initial_inference(self, observation: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         latent = self.represent(observation)
