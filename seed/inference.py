@@ -10,7 +10,9 @@ actors, and only then append the step to the unroll store and hand completed unr
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -21,6 +23,7 @@ import torch
 from seed.contracts import FinishedEpisodes, InferenceBatch
 from seed.parameters import ParameterPublisher
 from seed.policy import EagerPolicy, GraphedPolicy
+from seed.serving.notify import RequestBatcher
 from seed.serving.slab import REPLY_FAILED, REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
 from seed.state_table import StateTable
 from seed.sync_gate import RolloutGate
@@ -31,32 +34,69 @@ from seed.wire import WireError, check_step_values, invalid_step_values, to_torc
 log = logging.getLogger(__name__)
 
 
+@dataclasses.dataclass(frozen=True)
+class InferenceModel:
+    """What acts on one device and how its forward pass runs.
+
+    agent: has `act(network, batch: InferenceBatch, state) -> ActOutput` and `initial_state(n)`.
+    network: the inference copy of the agent's network, on `device`.
+    policy_version: the version of `network`'s parameters (the learner's train_steps); every step records the
+      version it was acted with (step field `policy_version`).
+    cuda_graphs: replay the policy as CUDA graphs (GPU only).
+    row_by_row: run the policy one env row at a time (`--deterministic`, see seed/policy.py).
+    """
+
+    agent: Any
+    network: torch.nn.Module
+    device: torch.device
+    policy_version: int = 0
+    cuda_graphs: bool = False
+    row_by_row: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class UnrollLayout:
+    """The unrolls the per-env unroll store cuts: `burn_in + unroll_length + 1` steps each (seed/unroll_store.py)."""
+
+    unroll_length: int
+    burn_in: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class InferenceOutputs:
+    """Where a batch's results go besides the slab's action rows.
+
+    reply: actors int64 [n] -> None; tells whoever holds those slots (a serving-process stream or an shm actor)
+      that they hold a reply.
+    sink: receives completed unrolls; may block (queue back-pressure).
+    on_episodes: receives the episodes finished in each batch.
+    on_batch: (rows, learner-side latencies in seconds) of each batch.
+    on_timing: {stage: milliseconds} of each batch (see `CentralInference._serve`).
+    """
+
+    reply: Callable[[np.ndarray], None]
+    sink: Callable[[list[Unroll]], None]
+    on_episodes: Callable[[FinishedEpisodes], None]
+    on_batch: Callable[[int, list[float]], None]
+    on_timing: Callable[[dict[str, float]], None] = lambda timing: None
+
+
 class CentralInference:
     """Owns the state table, unroll store and inference network of one device.
 
     Args:
-      agent: has `act(network, batch: InferenceBatch, state) -> ActOutput` and `initial_state(n)`.
-      network: the inference copy of the agent's network on `device`.
+      model: the agent and the inference network on its device (`InferenceModel`).
       slab: the step slab the serving process writes (num_actors x envs_per_actor rows).
-      reply: actors int64 [n] -> None; tells the serving process their slots hold a reply.
-      sink: receives completed unrolls; may block (queue back-pressure).
-      on_episodes: receives the episodes finished in each batch.
-      on_batch: (rows, learner-side latencies in seconds) of each batch.
-      on_timing: {stage: milliseconds} of each batch (see `_serve`).
-      cuda_graphs: replay the policy as CUDA graphs (GPU only).
-      policy_version: the version of `network`'s parameters (the learner's train_steps); every step records the
-        version it was acted with (step field `policy_version`).
+      unrolls: the unroll length and burn-in of the unroll store.
+      outputs: replies, completed unrolls, finished episodes and timings (`InferenceOutputs`); kept as the
+        attributes `reply`, `sink`, `on_episodes`, `on_batch`, `on_timing`.
       rollout_gate: `--sync=hts`: holds actors at rollout boundaries and applies new parameters only there
         (seed/sync_gate.py); None applies every published version before the next batch.
-      row_by_row: run the policy one env row at a time (`--deterministic`, see seed/policy.py).
     """
 
-    def __init__(self, agent: Any, network: torch.nn.Module, device: torch.device, slab: StepSlab,
-                 unroll_length: int, burn_in: int, reply: Callable[[np.ndarray], None],
-                 sink: Callable[[list[Unroll]], None], on_episodes: Callable[[FinishedEpisodes], None],
-                 on_batch: Callable[[int, list[float]], None],
-                 on_timing: Callable[[dict[str, float]], None] = lambda timing: None, cuda_graphs: bool = False,
-                 policy_version: int = 0, rollout_gate: RolloutGate | None = None, row_by_row: bool = False):
+    def __init__(self, model: InferenceModel, slab: StepSlab, unrolls: UnrollLayout, outputs: InferenceOutputs,
+                 rollout_gate: RolloutGate | None = None):
+        agent, network, device = model.agent, model.network, model.device
         self.agent = agent
         self.network = network
         self.device = device
@@ -64,15 +104,15 @@ class CentralInference:
         self.k = slab.envs_per_actor
         num_envs = slab.layout.num_envs
         self.state_table = StateTable(agent.initial_state, num_envs, device)
-        self.unroll_store = UnrollStore(num_envs, unroll_length, burn_in)
-        self.reply = reply
-        self.sink = sink
-        self.on_episodes = on_episodes
-        self.on_batch = on_batch
-        self.on_timing = on_timing
+        self.unroll_store = UnrollStore(num_envs, unrolls.unroll_length, unrolls.burn_in)
+        self.reply = outputs.reply
+        self.sink = outputs.sink
+        self.on_episodes = outputs.on_episodes
+        self.on_batch = outputs.on_batch
+        self.on_timing = outputs.on_timing
         self.actor_run = np.zeros(slab.layout.num_actors, np.int64)  # run whose rows the tables hold; 0 = none
         self.prev_action = np.zeros(num_envs, np.int64)
-        self.parameters = ParameterPublisher(network, device, policy_version)
+        self.parameters = ParameterPublisher(network, device, model.policy_version)
         self.gate = rollout_gate
         # A high-priority stream: inference kernels are scheduled ahead of the training step's waiting blocks.
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
@@ -87,10 +127,10 @@ class CentralInference:
                                                  ("reward", torch.float32), ("done", torch.bool))}
         self._inputs_np = {name: tensor.numpy() for name, tensor in self._inputs_host.items()}
         policy_args = (agent, network, self.state_table, device)
-        if cuda_graphs and pin:
+        if model.cuda_graphs and pin:
             self.policy = GraphedPolicy(*policy_args, self.k)
         else:
-            self.policy = EagerPolicy(*policy_args, row_by_row=row_by_row)
+            self.policy = EagerPolicy(*policy_args, row_by_row=model.row_by_row)
 
     def publish(self, parameters: dict[str, torch.Tensor], version: int | None = None) -> None:
         """Hands new parameters (a state dict on any device) to this device's network, without stalling it;
@@ -311,6 +351,26 @@ class CentralInference:
             self.on_episodes(FinishedEpisodes(ids, table.episode_return[ids].copy(), table.episode_length[ids] - 1))
             table.episode_return[ids] = 0.0
             table.episode_length[ids] = 1
+
+
+def serve_inference(inference: CentralInference, batcher: RequestBatcher, stop: threading.Event,
+                    record_value: Callable[[str, float], None]) -> None:
+    """One inference device's thread: batches of ready slots until `stop` is set; `record_value` gets the
+    milliseconds each batch waited for (`inference/wait_ms`)."""
+    # With a sync point the loop also polls it: the learner's publish is what opens it.
+    wait_s = 0.1 if inference.gate is None else 0.005
+    while not stop.is_set():
+        if inference.gate is not None:
+            inference.release_held()
+        start = time.perf_counter()
+        batch = batcher.next_batch(wait_s)
+        if batch is None:
+            continue
+        record_value("inference/wait_ms", (time.perf_counter() - start) * 1e3)
+        try:
+            inference.run_batch(*batch)
+        except Exception:  # one bad batch must not stop inference for everyone (its actors got FAILED)
+            log.exception("inference batch failed")
 
 
 def request_latencies_s(now: float, arrivals: np.ndarray) -> list[float]:

@@ -178,7 +178,8 @@ def main(argv: list[str]) -> None:
         return
     import torch  # noqa: F401  (imported late so --help and --print_config stay fast)
 
-    from seed.learner import Learner, install_signal_handlers
+    from seed.learner import Learner
+    from seed.learner_supervision import install_signal_handlers
     from seed.replay import ReplayDoesNotFit
 
     try:
@@ -186,7 +187,7 @@ def main(argv: list[str]) -> None:
     except ReplayDoesNotFit as error:
         print(f"seed-learner: {error}", file=sys.stderr)
         sys.exit(2)
-    install_signal_handlers(learner)
+    install_signal_handlers(learner.request_stop)
     learner.run()
 
 

@@ -1,0 +1,84 @@
+"""The learner's checkpoints: the resume point read at start, and each rotated checkpoint written afterwards.
+
+A checkpoint (seed/checkpoint.py writes the file) holds the agent's and the optimizer's state dicts, the metric
+counters, the seed, this process's random generators' states and the configuration; the experience (the replay,
+with --checkpoint_replay) is written beside it.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+import numpy as np
+import torch
+
+from seed import checkpoint
+from seed.config import LearnerConfig
+from seed.experience import FifoExperience, ReplayExperience
+from seed.metrics import LearnerMetrics
+
+
+def resume(config: LearnerConfig, agent: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+    """Loads the newest loadable checkpoint of `config.logdir` into `agent` and `optimizer` and returns it (its
+    "counters" and "rng" are for the caller); None when there is none (a fresh start)."""
+    found = checkpoint.latest(config.logdir)
+    if not found:
+        return None
+    path, restored = found
+    agent.load_state_dict(restored["agent"])
+    optimizer.load_state_dict(restored["optimizer"])
+    counters = restored["counters"]
+    print(f"[learner] resumed from {path}: "
+          f"env_frames={counters['env_frames']:,} train_steps={counters['train_steps']:,}", flush=True)
+    return restored
+
+
+class LearnerCheckpointer:
+    """Writes the next rotated checkpoint of `config.logdir` (at most `keep_checkpoints` kept)."""
+
+    def __init__(self, config: LearnerConfig, metrics: LearnerMetrics, experience: FifoExperience | ReplayExperience):
+        self.config = config
+        self.metrics = metrics
+        self.experience = experience
+
+    def save(self, agent_state: dict[str, Any], optimizer_state: dict[str, Any], with_experience: bool = True) -> None:
+        """Writes the given agent and optimizer state with the counters and generator states of now, and, if
+        `with_experience`, the experience (the replay)."""
+        metrics = self.metrics
+        state = {
+            "agent": agent_state,
+            "optimizer": optimizer_state,
+            "counters": {"env_frames": metrics.env_frames, "train_steps": metrics.train_steps,
+                         "episodes": metrics.episodes, "eval_returns": list(metrics.eval_returns),
+                         "eval_episodes": metrics.eval_episodes,
+                         "eval_scores": list(metrics.eval_scores)},
+            "seed": self.config.seed,
+            "rng": rng_states(),
+            "config": vars(self.config).copy(),
+        }
+        checkpoint.save(self.config.logdir, state, keep=self.config.keep_checkpoints)
+        if with_experience:
+            self.experience.save(self.config.logdir)
+
+
+def seed_everything(seed: int) -> None:
+    """Seeds torch, NumPy's global generator and Python's `random` in this process (envs are seeded per env id
+    from the same `--seed` by their actors)."""
+    torch.manual_seed(seed)
+    np.random.seed(seed % 2**32)
+    random.seed(seed)
+
+
+def rng_states() -> dict[str, Any]:
+    """The random generators' states of this process, for the checkpoint."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate()}
+
+
+def restore_rng_states(states: dict[str, Any] | None) -> None:
+    """Sets the generators to the states `rng_states` returned (nothing for None or an empty dict)."""
+    if not states:
+        return
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
