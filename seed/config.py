@@ -228,6 +228,11 @@ class LearnerConfig(EnvOptions, TransportOptions):
     td_age_updates: int = _field(0, "MuZero: EfficientZero's off-policy correction: a step's value horizon shrinks "
                                     "by one per this many updates of its age (updates since it was acted), down "
                                     "to 1; 0 = off.")
+    reanalyse_ratio: float = _field(0.0, "MuZero: fraction of each training batch's sequences whose policy targets "
+                                         "are recomputed by a search with the target network before the update "
+                                         "(EfficientZero's reanalysis; 1 = every sequence, SpeedyZero's full "
+                                         "reanalysis; 0 = the policies stored at acting). Runs where the update "
+                                         "runs: the training process, or the learner's training thread.")
     value_prefix_horizon: int = _field(5, "MuZero: the value-prefix LSTM is reset every this many model steps.")
     value_support_size: int = _field(300, "MuZero: value logits over the atoms -S..S of h(value).")
     reward_support_size: int = _field(300, "MuZero: value-prefix logits over the atoms -S..S of h(prefix).")

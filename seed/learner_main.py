@@ -111,6 +111,9 @@ def validate(config: LearnerConfig) -> None:
     if config.sync == "hts" and not getattr(agent_module(config.agent), "SUPPORTS_SYNC", False):
         raise ValueError(f"--sync=hts: not supported by --agent={config.agent} (it has no synchronous mode); "
                          "expected --sync=async with it, or --agent=ppo")
+    if config.reanalyse_ratio > 0 and config.agent != "muzero":
+        raise ValueError(f"--reanalyse_ratio: got {config.reanalyse_ratio} with --agent={config.agent}, expected 0 "
+                         "(reanalysis re-searches MuZero's policy targets) or --agent=muzero")
     if config.training_process and config.deterministic:
         raise ValueError("--training_process: got true with --deterministic, expected false: a bit-identical run "
                          "trains in the learner process")

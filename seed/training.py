@@ -1,8 +1,8 @@
 """The optimizer and one learner update on one batch: what the training thread (or --training_process) runs.
 
 Both places that train call `train_on_batch`, so a step means the same thing wherever it runs: the policy-lag
-check, the agent's loss (or PPO's own epochs of minibatches), gradient clipping, the optimizer step and the
-values logged for it.
+check, MuZero's reanalysis (--reanalyse_ratio), the agent's loss (or PPO's own epochs of minibatches), gradient
+clipping, the optimizer step and the values logged for it.
 """
 
 from __future__ import annotations
@@ -65,12 +65,15 @@ def train_on_batch(agent: Any, optimizer: torch.optim.Optimizer, batch: Training
         values = agent.train_rollout(batch, optimizer, config.grad_clip_norm, train_steps, shard)
     else:
         share, loss_scale = (batch, 1.0) if shard is None else shard.batch(batch)
+        reanalysis: dict[str, float] = {}
+        if config.reanalyse_ratio > 0:  # MuZero: fresher policy targets before the loss (agents/muzero/reanalysis.py)
+            share, reanalysis = agent.reanalyse_batch(share, train_steps)
         out = agent.loss(share)
         optimizer.zero_grad(set_to_none=True)
         (out.loss if shard is None else out.loss * loss_scale).backward()
         if shard is not None:
             shard.all_reduce_gradients(list(agent.network.parameters()))
-        values = dict(out.metrics)
+        values = dict(out.metrics, **reanalysis)
         if config.grad_clip_norm > 0:
             values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.network.parameters(),
                                                                            config.grad_clip_norm))

@@ -290,18 +290,61 @@ def test_resnet_variant_acts_and_trains_on_stacked_frames(tmp_path):
     assert math.isfinite(float(loss.loss.detach())) and float(agent.network.stem.weight.grad.abs().sum()) > 0
 
 
-def test_reanalyse_recomputes_policy_targets_and_root_values_by_search(tmp_path):
-    config = _config(tmp_path, num_simulations=8)
+def test_reanalysis_recomputes_the_policy_targets_of_the_first_sequences_with_the_target_network(tmp_path):
+    config = _config(tmp_path, num_simulations=8, reanalyse_ratio=0.5, target_update_interval=10)
     agent = Agent(_spec(), config)
+    agent.after_update(20)  # the target network is copied at update 20
+    unrolls = Unroll.stack(_hand_unrolls(config, count=4))
+    stored = unrolls.search_policy.clone()
+    batch = TrainingBatch(unrolls, torch.ones(4))
+    fresh, metrics = agent.reanalyse_batch(batch, train_steps=27)
+    policy = fresh.unrolls.search_policy
+    positions = config.unroll_length + config.unroll_steps  # every position a K-step unroll reads a target from
+    # Sequences 0-1 (half of 4): normalised visit counts of 8 simulations at the read positions, the rest kept.
+    torch.testing.assert_close(policy[:positions, :2].sum(-1), torch.ones(positions, 2))
+    assert bool(((policy[:positions, :2] * 8).round() - policy[:positions, :2] * 8).abs().max() < 1e-4)
+    assert not torch.equal(policy[:positions, :2], stored[:positions, :2])
+    assert torch.equal(policy[positions:], stored[positions:]) and torch.equal(policy[:, 2:], stored[:, 2:])
+    assert bool(fresh.unrolls.root_value[:positions, :2].abs().sum() > 0)  # the searches' root values
+    assert torch.equal(unrolls.search_policy, stored)  # the sampled batch (a shared slot) is not written
+    assert torch.equal(fresh.unrolls.observation, unrolls.observation)
+    assert metrics["reanalysis/searches"] == positions * 2
+    assert metrics["reanalysis/staleness_updates"] == 7  # updates since the target network's copy
+    assert metrics["reanalysis/stored_policy_age_updates"] == 27  # the hand unrolls were acted at version 0
+    assert 0 < metrics["reanalysis/policy_change"] <= 1
+
+
+def test_reanalysis_searches_with_the_target_network(tmp_path):
+    """Two agents with the same target network and different online networks reanalyse identically; changing only
+    the target network changes the targets. (Random weights: the heads start at zero, which makes every network
+    search alike.)"""
+    config = _config(tmp_path, num_simulations=8, reanalyse_ratio=1.0)
     unrolls = Unroll.stack(_hand_unrolls(config, count=2))
-    fresh = agent.reanalyse(unrolls)
-    length = config.burn_in + config.unroll_length + 1
-    assert fresh.search_policy.shape == (length, 2, 4) and fresh.root_value.shape == (length, 2)
-    # Normalised visit counts of 8 simulations (the stored targets were arbitrary fractions); the rest is kept.
-    torch.testing.assert_close(fresh.search_policy.sum(-1), torch.ones(length, 2))
-    assert bool(((fresh.search_policy * 8).round() - fresh.search_policy * 8).abs().max() < 1e-4)
-    assert not torch.equal(fresh.search_policy, unrolls.search_policy)
-    assert torch.equal(fresh.observation, unrolls.observation) and torch.equal(fresh.action, unrolls.action)
+
+    def random_weights(network, seed):
+        generator = torch.Generator().manual_seed(seed)
+        return {name: torch.randn(value.shape, generator=generator) * 0.3 if value.is_floating_point() else value
+                for name, value in network.state_dict().items()}
+
+    results = []
+    for online_seed, target_seed in ((0, 5), (1, 5), (1, 6)):
+        agent = Agent(_spec(), config)
+        agent.network.load_state_dict(random_weights(agent.network, online_seed))
+        agent.target_network.load_state_dict(random_weights(agent.network, target_seed))
+        torch.manual_seed(0)  # the same root noise
+        results.append(agent.reanalyse_batch(TrainingBatch(unrolls), 0)[0].unrolls.search_policy)
+    assert torch.equal(results[0], results[1]) and not torch.equal(results[1], results[2])
+
+
+def test_training_step_with_reanalysis_logs_it(tmp_path):
+    config = _config(tmp_path, num_simulations=4, reanalyse_ratio=1.0)
+    agent = Agent(_spec(), config)
+    from seed.training import make_optimizer, train_on_batch
+
+    result = train_on_batch(agent, make_optimizer(agent, config),
+                            TrainingBatch(Unroll.stack(_hand_unrolls(config, count=4)), torch.ones(4)), config, 0)
+    assert result.trained and result.values["reanalysis/searches"] == 4 * (config.unroll_length + config.unroll_steps)
+    assert math.isfinite(result.values["losses/total"])
 
 
 def test_contradictory_flags_are_refused(tmp_path):
@@ -311,17 +354,22 @@ def test_contradictory_flags_are_refused(tmp_path):
         Agent(_spec(), _config(tmp_path, burn_in=6))
     with pytest.raises(ValueError, match=r"--search: got 'mcts', expected puct or gumbel"):
         Agent(_spec(), _config(tmp_path, search="mcts"))
+    with pytest.raises(ValueError, match=r"--reanalyse_ratio: got 0.5 with --agent=vtrace, expected 0"):
+        _config(tmp_path, agent="vtrace", reanalyse_ratio=0.5, burn_in=0)
+    with pytest.raises(ValueError, match=r"--reanalyse_ratio: got 1.5, expected >= 0 and <= 1"):
+        Agent(_spec(), _config(tmp_path, reanalyse_ratio=1.5))
 
 
 # --- real processes --------------------------------------------------------------------------------------------
 
 
 def test_learner_and_actors_train_on_cartpole(processes, tmp_path):
-    """The preset's learner (its training process included) and two actor processes make training steps."""
+    """The preset's learner (its training process included, reanalysing half of every batch) and two actor processes
+    make training steps."""
     logdir = str(tmp_path / "run")
     address = f"unix:{tmp_path}/learner.sock"
     args = dict(preset="cartpole_muzero", logdir=logdir, server_address=address, log_interval_s=0.5,
-                num_simulations=4, replay_min_size=4, checkpoint_interval_s=3600, torch_threads=1)
+                num_simulations=4, replay_min_size=4, checkpoint_interval_s=3600, torch_threads=1, reanalyse_ratio=0.5)
     learner = processes.learner([f"--{k}={v}" for k, v in args.items()])
     for i in range(2):
         processes.actor(["--preset=cartpole_muzero", f"--server_address={address}", f"--actor_index={i}"],
@@ -334,6 +382,8 @@ def test_learner_and_actors_train_on_cartpole(processes, tmp_path):
     rows = wait_for(trained, 120, "5 training steps", on_timeout=lambda: processes.output(learner))
     last = rows[-1]
     assert math.isfinite(last["losses/total"]) and last["replay_inserted"] > 0
+    # Reanalysis ran in the training process: half of each batch of 8 sequences, 20 positions each.
+    assert last["reanalysis/searches"] == 4 * 20 and last["reanalysis/staleness_updates"] >= 0
     learner.send_signal(signal.SIGTERM)
     assert learner.wait(timeout=60) == 0, processes.output(learner)[-3000:]
 

@@ -29,6 +29,7 @@ from torch import nn
 
 from seed.agents.muzero.losses import muzero_loss, value_targets
 from seed.agents.muzero.networks import MLPMuZeroNetwork, MuZeroNetwork, ResNetMuZeroNetwork
+from seed.agents.muzero.reanalysis import reanalyse_batch
 from seed.agents.muzero.targets import sequence_priorities, support_to_scalar
 from seed.agents.networks import stack_frames
 from seed.config import LearnerConfig
@@ -102,6 +103,7 @@ def check_config(config: LearnerConfig) -> None:
         ("reward_support_size", config.reward_support_size >= 1, ">= 1"),
         ("td_age_updates", config.td_age_updates >= 0, ">= 0 (0 = no off-policy correction)"),
         ("visit_temperature", config.visit_temperature >= 0, ">= 0"),
+        ("reanalyse_ratio", 0 <= config.reanalyse_ratio <= 1, ">= 0 and <= 1 (the fraction of a batch reanalysed)"),
     ]
     for name, ok, expected in checks:
         if not ok:
@@ -121,6 +123,7 @@ class Agent:
         self.target_network = copy.deepcopy(self.network).requires_grad_(False).eval()
         self.history = spec.frame_stack - 1
         self.train_steps = 0  # updates made, kept by `after_update`: the age of a step for the off-policy correction
+        self.target_version = 0  # the update the target network was copied at (reanalysis staleness)
         self.search_config = SearchConfig(
             num_simulations=config.num_simulations, algorithm=config.search, dirichlet_alpha=config.dirichlet_alpha,
             dirichlet_fraction=0.0)  # the root noise is added here, per row: evaluation rows get none
@@ -205,21 +208,6 @@ class Agent:
         return ActOutput(action=action, outputs={"search_policy": out.action_weights.float(),
                                                  "root_value": out.root_value.float()}, state=new_state)
 
-    @torch.no_grad()
-    def reanalyse(self, unrolls: Unroll, network: MuZeroNetwork | None = None) -> Unroll:
-        """EfficientZero's reanalysis, the hook for --reanalyse_ratio: the sequences [L, B] with the policy targets
-        (`search_policy`) and root values recomputed by a search of every stored step with `network` (default: the
-        target network), without root noise. The value targets need nothing: the loss bootstraps them from the
-        target network at every update."""
-        network = network or self.target_network
-        length, batch = unrolls.reward.shape
-        stacked = self.stacked_observations(unrolls).flatten(0, 1)
-        out = self._search(network, stacked, torch.ones(length * batch, dtype=torch.bool, device=stacked.device))
-        steps = dict(unrolls.steps)
-        steps["search_policy"] = out.action_weights.float().view(length, batch, -1)
-        steps["root_value"] = out.root_value.float().view(length, batch)
-        return Unroll(steps, unrolls.initial_state, unrolls.env_id)
-
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
         """One search for every row; the last `num_eval_envs` env ids (and padded rows) play greedily."""
         evaluate = batch.env_ids >= self.config.num_envs - self.config.num_eval_envs
@@ -258,6 +246,11 @@ class Agent:
         priorities = sequence_priorities(errors, mask, self.config.priority_eta) + PRIORITY_EPSILON
         return priorities.double().numpy()
 
+    def reanalyse_batch(self, batch: TrainingBatch, train_steps: int) -> tuple[TrainingBatch, dict[str, float]]:
+        """--reanalyse_ratio: the batch with fresh policy targets for its first sequences, searched with the target
+        network, and the pass's metrics (agents/muzero/reanalysis.py)."""
+        return reanalyse_batch(self, batch, train_steps)
+
     def loss(self, batch: TrainingBatch) -> LossOutput:
         """EfficientZero's loss on every start of every sampled sequence (agents/muzero/losses.py)."""
         return muzero_loss(self, batch)
@@ -266,6 +259,7 @@ class Agent:
         self.train_steps = train_steps
         if train_steps % self.config.target_update_interval == 0:
             self.target_network.load_state_dict(self.network.state_dict())
+            self.target_version = train_steps
 
     def state_dict(self) -> dict[str, Any]:
         return {"network": self.network.state_dict(), "target_network": self.target_network.state_dict(),
@@ -275,6 +269,7 @@ class Agent:
         self.network.load_state_dict(state["network"])
         self.target_network.load_state_dict(state["target_network"])
         self.train_steps = int(state.get("train_steps", 0))
+        self.target_version = self.train_steps - self.train_steps % self.config.target_update_interval
 
 
 def replay_sequence_bytes(spec: EnvSpec, config: LearnerConfig) -> int:
