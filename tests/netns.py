@@ -1,5 +1,5 @@
-"""Hosts on one machine for tests: network namespaces joined through a bridge (launch/netns.sh), a learner on
-one host and actors on others over TCP with mutual TLS and a token.
+"""Hosts on one machine for tests: network namespaces joined through a bridge (seed/bench/netns_hosts.py, over
+launch/netns.sh), a learner on one host and actors on others over TCP with mutual TLS and a token.
 
     def test_x(hosts):                      # hosts 1..3: 10.213.0.1..3; the learner on 1, actors on 2 and 3
         run = RemoteRun(hosts, tmp_path)
@@ -25,82 +25,21 @@ from dataclasses import dataclass
 
 import pytest
 
+from seed.bench.netns_hosts import NetnsHosts, netns, why_no_namespaces
 from tests.certs import make_pki
-from tests.conftest import REPO, Processes, read_metrics
+from tests.conftest import read_metrics
 
-NETNS_SH = os.path.join(REPO, "launch", "netns.sh")
-SUBNET = "10.213.0"  # private test range, used only inside the namespaces (launch/netns.sh's default)
 PORT = 8686
 TOKEN = "netns-test-token-0123456789"
 
 
-def _netns(*args: str, check: bool = True) -> subprocess.CompletedProcess:
-    result = subprocess.run([NETNS_SH, *args], capture_output=True, text=True, timeout=60,
-                            env=dict(os.environ, SEED_NETNS_SUBNET=SUBNET))
-    if check and result.returncode != 0:
-        raise RuntimeError(f"launch/netns.sh {' '.join(args)}: exit {result.returncode}: {result.stderr.strip()}")
-    return result
-
-
-def why_no_namespaces() -> str | None:
-    """Why network namespaces cannot be made here, or None."""
-    if sys.platform != "linux":
-        return f"network namespaces need Linux, got {sys.platform}"
-    if shutil.which("ip") is None:
-        return "needs the `ip` command (apt-get install iproute2)"
-    if os.geteuid() != 0:
-        return f"needs root for `ip netns add` (running as uid {os.geteuid()})"
-    return None
-
-
-class Hosts(Processes):
-    """`count` hosts (namespaces NAME-1..NAME-count) on one bridge; processes started here run on a host."""
-
-    def __init__(self, name: str, count: int, directory: str):
-        super().__init__(directory)
-        self.name, self.count = name, count
-
-    def addr(self, host: int) -> str:
-        return f"{SUBNET}.{host}"
-
-    def run_on(self, host: int, command: list[str], name: str) -> subprocess.Popen:
-        """Starts `command` on `host` (`ip netns exec` execs it: the Popen's pid is the command itself)."""
-        log_path = os.path.join(self.directory, f"{name}.log")
-        log = open(log_path, "ab")
-        process = subprocess.Popen(["ip", "netns", "exec", f"{self.name}-{host}", *command], stdout=log,
-                                   stderr=subprocess.STDOUT, cwd=REPO, env=dict(os.environ, PYTHONUNBUFFERED="1"))
-        process.log_path = log_path  # type: ignore[attr-defined]
-        self.started.append((process, log_path))
-        return process
-
-    def link(self, host: int, state: str) -> None:
-        """Pulls ("down") or plugs ("up") the host's cable at the switch."""
-        _netns("link", self.name, str(host), state)
+class Hosts(NetnsHosts):
+    """The namespaces of seed/bench/netns_hosts.py, with a skip where a fault needs a missing tool."""
 
     def loss(self, host: int, percent: float) -> None:
-        """Drops `percent` % of packets in each direction of the host's link (0 = none)."""
         if shutil.which("nft") is None:
             pytest.skip("packet loss needs nftables' `nft` command (apt-get install nftables)")
-        _netns("loss", self.name, str(host), str(percent))
-
-    def rate(self, host: int, rate: str) -> None:
-        """A tbf rate limit (e.g. "20mbit", or "off") on both directions of the host's link."""
-        _netns("rate", self.name, str(host), rate)
-
-    def poweroff(self, host: int) -> None:
-        """SIGKILLs every process on the host at once (returns once they are gone)."""
-        _netns("poweroff", self.name, str(host))
-        for process, _ in self.started:
-            process.poll()  # reaps the killed ones
-
-    def wire_bytes(self, host: int) -> tuple[int, int]:
-        """(received, sent) bytes of the host's eth0 since it was made."""
-        rx, tx = _netns("bytes", self.name, str(host)).stdout.split()
-        return int(rx), int(tx)
-
-    def destroy(self) -> None:
-        self.stop_all()
-        _netns("destroy", self.name, check=False)
+        super().loss(host, percent)
 
 
 @pytest.fixture(name="hosts")
@@ -110,8 +49,8 @@ def hosts_fixture(tmp_path):
     if reason:
         pytest.skip(reason)
     name = f"seed{os.getpid() % 100000}"
-    _netns("destroy", name, check=False)  # a previous run of this pid that was itself killed
-    created = _netns("create", name, "3", check=False)
+    netns("destroy", name, check=False)  # a previous run of this pid that was itself killed
+    created = netns("create", name, "3", check=False)
     made = Hosts(name, 3, str(tmp_path))
     try:
         if created.returncode != 0:
