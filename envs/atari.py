@@ -6,7 +6,8 @@ to the ale-py ROM id ("ms_pacman"). The ROMs bundled with ale-py are used; `vali
 Preprocessing (SEED paper, Table 9), all on raw emulator frames of 210 x 160:
 
 - observation: one 84 x 84 uint8 grayscale frame per agent step (ALE's `getScreenGrayscale`, bilinear resize
-  with `cv2.INTER_LINEAR`); the learner stacks 4 of them (`EnvSpec.frame_stack`).
+  with `cv2.INTER_LINEAR`; `atari_frame_size` sets another size, e.g. EfficientZero's 96); the learner stacks 4
+  of them (`EnvSpec.frame_stack`).
 - action repeat 4: one agent step = 4 raw frames, each a single `ALEInterface.act`; the reward of an agent
   step is the sum of the raw rewards of its frames (no clipping).
 - frame pooling: the observation is the pixel-wise max of the last two raw frames of the repeat. With
@@ -28,6 +29,7 @@ Options (the `options` dict of `make_spec` / `make_batch`; all optional):
   atari_minimal_action_set  bool, default False; True uses the game's minimal action set (Pong: 6).
   atari_max_frames          int >= 1, default 108000 (raw frames per episode before truncation).
   atari_noop_max            int >= 0, default 30 (0 disables the reset no-ops).
+  atari_frame_size          int >= 8, default 84: observations are frame_size x frame_size (EfficientZero: 96).
   atari_vector_env          bool, default False; True steps the batch with ale-py's C++ threaded vector env
                             (`AleVectorEnvBatch`, see its docstring for where it departs from Table 9).
   atari_vector_threads      int >= 1, default 1: worker threads of the vector env.
@@ -57,6 +59,7 @@ DEFAULTS: dict[str, Any] = {
     "atari_noop_max": 30,
     "atari_vector_env": False,
     "atari_vector_threads": 1,
+    "atari_frame_size": OBSERVATION_SHAPE[0],
 }
 FRAME_STACK = 4
 
@@ -144,11 +147,11 @@ def _bool_option(options: dict[str, Any], key: str) -> bool:
 
 
 @functools.cache
-def _spec(game: str, action_repeat: int, minimal_action_set: bool) -> EnvSpec:
+def _spec(game: str, action_repeat: int, minimal_action_set: bool, frame_size: int = OBSERVATION_SHAPE[0]) -> EnvSpec:
     num_actions = _game_info(game)[0] if minimal_action_set else FULL_ACTION_SET_SIZE
     return EnvSpec(
         name=f"atari:{game}",
-        observation_shape=OBSERVATION_SHAPE,
+        observation_shape=(frame_size, frame_size),
         observation_dtype="uint8",
         num_actions=num_actions,
         action_repeat=action_repeat,
@@ -157,18 +160,19 @@ def _spec(game: str, action_repeat: int, minimal_action_set: bool) -> EnvSpec:
 
 
 def make_spec(name: str, options: dict[str, Any]) -> EnvSpec:
-    """The spec of `--env=atari:<name>`: observation (84, 84) uint8, 18 actions (or the minimal set's size),
-    action repeat 4 frames per agent step (option `action_repeat`), frame stack 4."""
+    """The spec of `--env=atari:<name>`: observation (84, 84) uint8 (option `atari_frame_size`), 18 actions (or the
+    minimal set's size), action repeat 4 frames per agent step (option `action_repeat`), frame stack 4."""
     rom_id(name)  # validates the name first: its error is the most useful one
-    return _spec(name, _int_option(options, "action_repeat", 1), _bool_option(options, "atari_minimal_action_set"))
+    return _spec(name, _int_option(options, "action_repeat", 1), _bool_option(options, "atari_minimal_action_set"),
+                 _int_option(options, "atari_frame_size", 8))
 
 
 # ----------------------------------------------------------------------------------------------- single env
 
 
-def _resize(frame: np.ndarray) -> np.ndarray:
-    """[210, 160] uint8 -> [84, 84] uint8, bilinear."""
-    return cv2.resize(frame, OBSERVATION_SHAPE[::-1], interpolation=cv2.INTER_LINEAR)
+def _resize(frame: np.ndarray, size: int = OBSERVATION_SHAPE[0]) -> np.ndarray:
+    """[210, 160] uint8 -> [size, size] uint8 (default 84), bilinear."""
+    return cv2.resize(frame, (size, size), interpolation=cv2.INTER_LINEAR)
 
 
 def _check_options(action_repeat: int, noop_max: int, max_frames: int) -> None:
@@ -197,9 +201,11 @@ class AtariEnv:
         max_frames: int = 108_000,
         sticky_actions: bool = False,
         minimal_action_set: bool = False,
+        frame_size: int = OBSERVATION_SHAPE[0],
     ):
         _check_options(action_repeat, noop_max, max_frames)
-        self.spec = _spec(game, action_repeat, minimal_action_set)
+        self.spec = _spec(game, action_repeat, minimal_action_set, frame_size)
+        self.frame_size = frame_size
         self.game = game
         self.seed = int(seed)
         self.action_repeat = action_repeat
@@ -228,7 +234,7 @@ class AtariEnv:
         self.ale.getScreenGrayscale(self._pool[slot])
 
     def _pooled_observation(self) -> np.ndarray:
-        return _resize(np.maximum(self._pool[0], self._pool[1]))
+        return _resize(np.maximum(self._pool[0], self._pool[1]), self.frame_size)
 
     def reset(self) -> np.ndarray:
         """Starts an episode: reset_game, then 1..noop_max raw NOOP frames. Returns [84, 84] uint8."""
@@ -280,7 +286,7 @@ class AtariEnv:
         if played == repeat and repeat > 1:
             observation = self._pooled_observation()
         else:
-            observation = _resize(self._pool[0])
+            observation = _resize(self._pool[0], self.frame_size)
         self._running = not (terminated or truncated)
         return StepResult(observation, reward, terminated, truncated, reward)
 
@@ -324,6 +330,7 @@ class AleVectorEnvBatch:
         sticky_actions: bool = False,
         minimal_action_set: bool = False,
         num_threads: int = 1,
+        frame_size: int = OBSERVATION_SHAPE[0],
     ):
         from ale_py.vector_env import AtariVectorEnv
 
@@ -334,7 +341,7 @@ class AleVectorEnvBatch:
         if num_threads < 1:
             raise ValueError(f"atari_vector_threads: got {num_threads}, expected an integer >= 1")
         _check_options(action_repeat, noop_max, max_frames)
-        self.spec = _spec(game, action_repeat, minimal_action_set)
+        self.spec = _spec(game, action_repeat, minimal_action_set, frame_size)
         self.num_envs = num_envs
         self.game = game
         self._seeds = np.asarray([int(s) % (2**31) for s in seeds], np.int64)
@@ -363,7 +370,7 @@ class AleVectorEnvBatch:
             raise RuntimeError(
                 f"{game}: vector env has {self._vec.single_action_space.n} actions, spec {self.spec.num_actions}"
             )
-        self._observation = np.zeros((num_envs,) + OBSERVATION_SHAPE, np.uint8)
+        self._observation = np.zeros((num_envs,) + self.spec.observation_shape, np.uint8)
         self._returns = np.zeros(num_envs, np.float64)
         self._steps = np.zeros(num_envs, np.int64)
         self._seeded = False
@@ -372,7 +379,8 @@ class AleVectorEnvBatch:
     def _resize_into(self, raw: np.ndarray) -> np.ndarray:
         # raw: [K, 1, height, width] uint8
         for k in range(self.num_envs):
-            cv2.resize(raw[k, 0], OBSERVATION_SHAPE[::-1], dst=self._observation[k], interpolation=cv2.INTER_LINEAR)
+            cv2.resize(raw[k, 0], self.spec.observation_shape[::-1], dst=self._observation[k],
+                       interpolation=cv2.INTER_LINEAR)
         return self._observation.copy()
 
     def reset(self) -> np.ndarray:
@@ -435,6 +443,7 @@ def make_batch(name: str, num_envs: int, first_env_id: int, options: dict[str, A
         max_frames=_int_option(options, "atari_max_frames", 1),
         sticky_actions=_bool_option(options, "sticky_actions"),
         minimal_action_set=_bool_option(options, "atari_minimal_action_set"),
+        frame_size=_int_option(options, "atari_frame_size", 8),
     )
     if _bool_option(options, "atari_vector_env"):
         threads = _int_option(options, "atari_vector_threads", 1)

@@ -37,6 +37,8 @@ class EnvOptions:
     atari_minimal_action_set: bool = _field(False, "Atari: use the game's minimal action set instead of all 18.")
     atari_max_frames: int = _field(108_000, "Atari: episode cap in raw frames, reported as truncation.")
     atari_vector_env: bool = _field(False, "Atari: step an actor's envs with ale-py's threaded vector env.")
+    atari_frame_size: int = _field(84, "Atari: observations are N x N grayscale frames (Table 9: 84; EfficientZero's "
+                                       "Atari 100k: 96).")
     fake_episode_length: int = _field(100, "fake: agent steps per episode.")
     smm_size: str = _field("default", "Football: super mini map size, default|medium|large.")
     football_rewards: str = _field("scoring", "Football: scoring or scoring,checkpoints.")

@@ -114,6 +114,32 @@ PRESETS: dict[str, dict[str, Any]] = {
         log_interval_s=10.0, discounting=0.997, td_steps=10, burn_in=14, unroll_length=15, dirichlet_alpha=0.25,
         visit_temperature=0.5,
     ),
+    # MuZero (EfficientZero) on Atari 100k for one GPU + 16 cores: the agent's Atari defaults (EfficientZero's
+    # model, K = 5, n = 5, 50 pUCT simulations, supports of 601 atoms, target copied every 200 updates, priority
+    # exponent 0.6) with SpeedyZero's Table 6 env settings that this framework has: 96 x 96 frames (grayscale, not
+    # RGB), rewards clipped to [-1, 1], an episode cap of 12K agent steps; full reanalysis (every sampled
+    # sequence re-searched with the target network); batches of 26 sequences = 260 unroll starts (EfficientZero's
+    # 256); each inserted position trained about 26 times (EfficientZero trains 256 positions per agent step);
+    # 100K agent steps = 400K frames. Terminal on loss of life is not built (Pong has no lives).
+    "atari100k_muzero_gpu": dict(
+        agent="muzero", env="atari:Pong", atari_minimal_action_set=True, atari_frame_size=96,
+        atari_max_frames=48_000, num_actors=8, envs_per_actor=4, num_eval_envs=4, inference_batch_size=-1,
+        inference_device="cuda:0", training_device="cuda:0", cuda_graphs=False, reanalyse_ratio=1.0, replay_ratio=26.0,
+        replay_capacity=10_000, replay_min_size=200, total_environment_frames=400_000, log_interval_s=10.0,
+        checkpoint_interval_s=600.0,
+    ),
+    # MuZero on Pong for a 2-core CPU machine (the Atari 100k protocol's 100K agent steps): EfficientZero's losses
+    # and horizons on a model sized for 2 cores (the Table 5 ResNet with 32 channels, a 128-unit value-prefix
+    # LSTM, supports of 41 / 11 atoms, enough for clipped rewards), Gumbel MuZero's root selection with 8
+    # simulations (Danihelka et al.: few simulations) and Table 9's 84 x 84 frames; half of each batch reanalysed;
+    # 2 actors x 8 envs (2 evaluate), batches of 8 sequences, each inserted position trained 8 times.
+    "pong_muzero": dict(
+        agent="muzero", env="atari:Pong", atari_minimal_action_set=True, num_actors=2, envs_per_actor=8,
+        num_eval_envs=2, inference_batch_size=-1, latent_channels=32, lstm_size=128, value_support_size=20,
+        reward_support_size=5, search="gumbel", num_simulations=8, batch_size=8, replay_ratio=8.0,
+        reanalyse_ratio=0.5, replay_capacity=10_000, replay_min_size=100, total_environment_frames=400_000,
+        log_interval_s=30.0, checkpoint_interval_s=300.0,
+    ),
 }
 
 PRESET_SOURCES: dict[str, str] = {
@@ -141,6 +167,11 @@ PRESET_SOURCES: dict[str, str] = {
                        "network and replay sized for CartPole on 2 CPU cores) with muzero-pytorch's CartPole "
                        "discount 0.997, n = 10 and Dirichlet alpha 0.25, visit temperature 0.5; "
                        "docs/learning/README.md.",
+    "atari100k_muzero_gpu": "EfficientZero's Atari 100k configuration (the agent's Atari defaults) with SpeedyZero's "
+                            "Table 6 env settings (96 x 96 grayscale, reward clipping, 12K-step episodes) and full "
+                            "reanalysis; not yet measured on a GPU here.",
+    "pong_muzero": "EfficientZero's losses and horizons on a 2-core-sized model with 8 Gumbel simulations and half "
+                   "of each batch reanalysed; docs/learning/README.md.",
     "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
                     "deterministic.",
 }

@@ -347,6 +347,22 @@ def test_training_step_with_reanalysis_logs_it(tmp_path):
     assert math.isfinite(result.values["losses/total"])
 
 
+def test_priority_refresh_priorities_equal_the_losses(tmp_path):
+    """Priority Refresh's `priorities` gives what training on the batch with the same networks would write."""
+    config = _config(tmp_path, num_simulations=4)
+    agent = Agent(_spec(), config)
+    for network, seed in ((agent.network, 3), (agent.target_network, 4)):
+        generator = torch.Generator().manual_seed(seed)
+        for parameter in network.parameters():
+            parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3
+    unrolls = Unroll.stack(_hand_unrolls(config, count=4))
+    refreshed = agent.priorities(unrolls, agent.network, agent.target_network)
+    agent.network.eval()  # batch norm as in the refresher's copy (the MLP has none; kept for the ResNet)
+    trained = agent.loss(TrainingBatch(unrolls, torch.ones(4))).priorities
+    torch.testing.assert_close(refreshed, trained)
+    assert refreshed.shape == (4,) and bool((refreshed > 0).all()) and len(set(refreshed.tolist())) > 1
+
+
 def test_contradictory_flags_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"--sync=hts.*--agent=muzero"):
         _config(tmp_path, sync="hts")

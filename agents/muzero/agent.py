@@ -30,7 +30,7 @@ from torch import nn
 from seed.agents.muzero.losses import muzero_loss, value_targets
 from seed.agents.muzero.networks import MLPMuZeroNetwork, MuZeroNetwork, ResNetMuZeroNetwork
 from seed.agents.muzero.reanalysis import reanalyse_batch
-from seed.agents.muzero.targets import sequence_priorities, support_to_scalar
+from seed.agents.muzero.targets import sequence_priorities, support_to_scalar, unroll_masks
 from seed.agents.networks import stack_frames
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
@@ -245,6 +245,23 @@ class Agent:
         mask = mask[:starts] & batch.valid[:starts]
         priorities = sequence_priorities(errors, mask, self.config.priority_eta) + PRIORITY_EPSILON
         return priorities.double().numpy()
+
+    @torch.no_grad()
+    def priorities(self, unrolls: Unroll, network: MuZeroNetwork, target_network: MuZeroNetwork) -> torch.Tensor:
+        """Priority Refresh (seed/priority_refresh.py): the priorities float [B] that training on sequences [L, B]
+        with these networks would give them: |v - z| over the sequence's starts (v: `network`'s value at a start,
+        z: the n-step target bootstrapped with `target_network`), combined as the loss combines them."""
+        length, batch = unrolls.reward.shape
+        starts = self.config.unroll_length
+        stacked = self.stacked_observations(unrolls)
+        _, _, target_value_logits = target_network.initial_inference(stacked.flatten(0, 1))
+        bootstrap = support_to_scalar(target_value_logits).view(length, batch)
+        targets, target_mask = value_targets(unrolls, bootstrap, self.config, self.train_steps)
+        _, _, value_logits = network.initial_inference(stacked[:starts].flatten(0, 1))
+        start_value = support_to_scalar(value_logits).view(starts, batch)
+        masks = unroll_masks(unrolls.done, unrolls.truncated, unrolls.valid, starts, self.config.unroll_steps)
+        mask = masks["start"][0] & target_mask[:starts]
+        return sequence_priorities(start_value - targets[:starts], mask, self.config.priority_eta) + PRIORITY_EPSILON
 
     def reanalyse_batch(self, batch: TrainingBatch, train_steps: int) -> tuple[TrainingBatch, dict[str, float]]:
         """--reanalyse_ratio: the batch with fresh policy targets for its first sequences, searched with the target
