@@ -34,7 +34,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
 import torch
 from torch import Tensor
 
@@ -43,7 +42,7 @@ from seed.agents.muzero.search.gumbel import (
     gumbel_outcome,
     refresh_choices,
 )
-from seed.agents.muzero.search.puct import backup, refresh_path, refresh_trees
+from seed.agents.muzero.search.puct import backup, refresh
 from seed.agents.muzero.search.tree import (
     LOGITS,
     PRIOR,
@@ -204,7 +203,7 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
         refresh_choices(t, t.base, root_args[0], root_args[1][0], root_args[2], config)
     else:
         root_mask = array(torch.zeros(b, a, dtype=dtype, device=device).masked_fill(invalid, -torch.inf))
-        refresh_path(t, t.base, t.node[t.base, VISITS], root_mask, config.pb_c_base, config.pb_c_init)
+        refresh(t, t.base, t.node[t.base, VISITS], None, 1, root_mask, config.pb_c_base, config.pb_c_init)
     depth = DepthBound(device)
     for k in range(simulations):
         rows = t.base
@@ -223,11 +222,9 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
             next_visit = root_args[1][min(k + 1, simulations - 1)]
             refresh_choices(t, backed, root_args[0], next_visit, root_args[2], config)
         else:
-            refresh_path(t, backed, visits, root_mask, config.pb_c_base, config.pb_c_init)
             # Every node's score moved in the trees whose normalisation changed (on the host: only those trees).
-            trees = np.flatnonzero(rescaled)[:, None] if host else t.tree_index
-            if len(trees):
-                refresh_trees(t, trees, k + 2)
+            refresh(t, backed, visits, rescaled if host else None, k + 2, root_mask, config.pb_c_base,
+                    config.pb_c_init)
 
     roots = tree.node[:-1].view(b, n, -1)[:, 0]
     root_value = roots[:, VALUE_SUM] / roots[:, VISITS]

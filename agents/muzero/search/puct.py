@@ -43,7 +43,9 @@ from seed.agents.muzero.search.tree import (
     TreeArrays,
     amax,
     amin,
+    clip_min,
     namespace,
+    stack0,
     take_rows,
 )
 
@@ -70,39 +72,45 @@ def q_normaliser(min_q: Array, max_q: Array) -> tuple[Array, Array]:
 def puct_choices(prior_score: Array, q: Array, low: Array, span: Array) -> Array:
     """argmax_a PB(a) + Qn(a), the lowest index among ties. prior_score, q [..., A]; low, span broadcast to
     [..., 1]. Returns [...] int64."""
-    xp = namespace(q)
-    return (prior_score + xp.clip((q - low) / span, 0.0, None)).argmax(-1)
+    normalised = q - low
+    normalised /= span
+    return (clip_min(normalised, 0.0) + prior_score).argmax(-1)
 
 
-def refresh_path(t: TreeArrays, rows: Array, visits: Array, root_mask: Array, pb_c_base: float,
-                 pb_c_init: float) -> None:
-    """Recomputes the cached exploration term (channel PB), the pUCT action (`choice`) and the child it leads to
-    (`next_row`, the node's own row while that edge is unexpanded) of the nodes just backed up through.
+def refresh(t: TreeArrays, rows: Array, visits: Array, rescaled: Array | None, num_used: int, root_mask: Array,
+            pb_c_base: float, pb_c_init: float) -> None:
+    """After a backup: recomputes the cached exploration term (channel PB) of the nodes just backed up through,
+    then the pUCT action (`choice`) and the child it leads to (`next_row`) of every node whose score moved: those
+    nodes, and every node of the trees whose normalisation changed.
 
     rows [M] (the first B are the roots, in tree order; the scratch row may appear) and their visits [M];
-    root_mask [B, A]: 0 for valid root actions, -inf for invalid ones, added to the root's scores so that they are
-    never selected.
+    rescaled [B] bool, the trees whose min_q or max_q changed (None: refresh every node of every tree, as on
+    devices where a data-dependent size would need a host sync); num_used: the nodes 0 .. num_used - 1 in use per
+    tree; root_mask [B, A]: 0 for valid root actions, -inf for invalid ones, added to the root's scores so that
+    they are never selected.
     """
-    edges = t.edge[rows, :PRIOR + 1]  # [M, 4, A]: PB, Q, VISITS, PRIOR
-    scores = prior_scores(edges[:, PRIOR], edges[:, EDGE_VISITS], visits, pb_c_base, pb_c_init)
+    xp = namespace(rows)
+    edges = t.edge[rows, EDGE_VISITS:PRIOR + 1]  # [M, 2, A]: VISITS, PRIOR
+    scores = prior_scores(edges[:, 1], edges[:, 0], visits, pb_c_base, pb_c_init)
     scores[:root_mask.shape[0]] += root_mask
     t.edge[rows, PB] = scores
+    nodes = t.rows[:, :num_used]  # [B, num_used]
+    if rescaled is None:
+        stale = nodes.reshape(-1)
+    else:  # each node once: the backed-up ones of the other trees, then the rescaled trees whole
+        stale = xp.concatenate((rows[~rescaled[t.row_tree[rows]]], nodes[rescaled].reshape(-1)))
+    choose(t, stale)
+
+
+def choose(t: TreeArrays, rows: Array) -> None:
+    """Recomputes `choice` (argmax_a PB(a) + Qn(a)) and `next_row` (the child it leads to, the node's own row
+    while that edge is unexpanded) of rows [M] from the cached exploration terms and Q."""
     low, span = q_normaliser(t.min_q, t.max_q)
     trees = t.row_tree[rows]
-    choice = puct_choices(scores, edges[:, Q], low[trees][:, None], span[trees][:, None])  # [M]
+    edges = t.edge[rows, :Q + 1]  # [M, 2, A]: PB, Q
+    choice = puct_choices(edges[:, PB], edges[:, Q], low[trees][:, None], span[trees][:, None])  # [M]
     t.choice[rows] = choice
-    t.next_row[rows] = t.child_row[rows, choice]
-
-
-def refresh_trees(t: TreeArrays, trees: Array, num_used: int) -> None:
-    """Recomputes `choice` and `next_row` of nodes 0 .. num_used - 1 of `trees` [K, 1] int64 (the trees whose
-    normalisation changed: every node's score moved) from the cached exploration terms and Q."""
-    low, span = q_normaliser(t.min_q, t.max_q)
-    nodes = t.node_number[:, :num_used]  # [1, num_used]
-    edges = t.edges[trees, nodes, :Q + 1]  # [K, num_used, 2, A]: PB, Q
-    choice = puct_choices(edges[..., PB, :], edges[..., Q, :], low[trees][..., None], span[trees][..., None])
-    t.choices[trees, nodes] = choice
-    t.next_rows[trees, nodes] = t.children[trees, nodes, choice]
+    t.next_row[rows] = t.child_flat[rows * t.child_row.shape[1] + choice]
 
 
 def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array) -> tuple[Array, Array, Array]:
@@ -122,28 +130,32 @@ def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array
     """
     xp = namespace(leaf_rows)
     scratch = t.scratch
-    steps = xp.stack(path, 0)  # [L, B]
-    inner = xp.where(steps[1:] == steps[:-1], scratch, steps[1:])
-    rows = xp.concatenate((steps[:1], inner, leaf_rows[None]), 0)  # [L + 1, B]
-    before = take_rows(t.node, rows)  # [L + 1, B, 5]
+    rows = stack0([*path, leaf_rows])  # [L + 1, B]
+    rows[1:-1] = xp.where(rows[1:-1] == rows[:-2], scratch, rows[1:-1])
+    before = take_rows(t.node, rows)  # [L + 1, B, 5], a copy
     rewards, discounts = before[..., REWARD], before[..., DISCOUNT]
-    value = leaf_value
-    values = [value]
-    for j in range(rows.shape[0] - 1, 0, -1):  # scratch rows have reward 0, discount 1: the value passes through
-        value = rewards[j] + discounts[j] * value
-        values.append(value)
-    values.reverse()
-    visits = before[..., VISITS] + 1.0  # [L + 1, B]
-    value_sums = before[..., VALUE_SUM] + xp.stack(values, 0)
-    t.node[rows, VISITS] = visits  # rows repeat only at the scratch row, whose statistics nothing reads
-    t.node[rows, VALUE_SUM] = value_sums
+    returns = xp.empty_like(rewards)  # G of each row; scratch rows (reward 0, discount 1) pass the value through
+    returns[-1] = leaf_value
+    for j in range(rows.shape[0] - 1, 0, -1):
+        xp.multiply(discounts[j], returns[j], out=returns[j - 1])
+        returns[j - 1] += rewards[j]
+    statistics = before[..., :VALUE_SUM + 1]  # [L + 1, B, 2]: VISITS, VALUE_SUM
+    statistics[..., VISITS] += 1.0
+    statistics[..., VALUE_SUM] += returns
+    t.node[rows, :VALUE_SUM + 1] = statistics  # rows repeat only at the scratch row, whose statistics nothing reads
+    visits = statistics[..., VISITS]
 
     children = rows[1:]  # [L, B]
-    mean = value_sums[1:] / visits[1:]
-    q = rewards[1:] + discounts[1:] * mean
+    edge_statistics = xp.empty_like(before[1:, :, :3])  # [L, B, 3]: visits, mean value, Q (t.backup_offsets)
+    edge_statistics[..., 0] = visits[1:]
+    mean = edge_statistics[..., 1]
+    xp.divide(statistics[1:, :, VALUE_SUM], visits[1:], out=mean)
+    q = edge_statistics[..., 2]
+    xp.multiply(discounts[1:], mean, out=q)
+    q += rewards[1:]
     links = take_rows(t.node_index, children)  # [L, B, 3]
-    t.edge[links[..., PARENT_ROW, None], t.backup_channels, links[..., ACTION, None]] = xp.stack((visits[1:], mean, q),
-                                                                                              -1)
+    edges = links[..., PARENT_ROW] * (t.edge.shape[1] * t.edge.shape[2]) + links[..., ACTION]  # flat (parent, 0, a)
+    t.edge_flat[edges[..., None] + t.backup_offsets] = edge_statistics
     q = xp.where(children != scratch, q, q[-1:])  # padding repeats the leaf's edge, always on the path
     low, high = amin(q, 0), amax(q, 0)
     rescaled = (low < t.min_q) | (high > t.max_q)

@@ -76,6 +76,43 @@ def amin(array: Array, axis: int) -> Array:
     return array.min(axis) if isinstance(array, np.ndarray) else array.amin(axis)
 
 
+def clip_min(array: Array, low: float) -> Array:
+    """max(array, low) elementwise (np.clip's Python wrapper costs more than the operation at these sizes)."""
+    return np.maximum(array, low) if isinstance(array, np.ndarray) else array.clamp_min(low)
+
+
+def stack0(arrays: list[Array]) -> Array:
+    """Stacks [B] arrays into [len, B] (np.array is a quarter of np.stack's time for a list of short arrays)."""
+    return np.array(arrays) if isinstance(arrays[0], np.ndarray) else torch.stack(arrays, 0)
+
+
+_DESCENDING: dict[int, np.ndarray] = {}
+
+
+def first_argmax0(array: Array) -> Array:
+    """The index of the maximum over the first axis, the lowest among ties: [A, ...] -> [...] int64.
+
+    numpy's argmax over any axis but the last, and any reduction over a short last axis, cost about 40 ns per row;
+    an elementwise reduction over the first axis costs a few ns per element. So on numpy: the maximum over the
+    first axis, then the lowest index that reaches it as a maximum of (A - a) over the rows that do."""
+    if not isinstance(array, np.ndarray):
+        return array.argmax(0)  # torch returns the first maximal index
+    a = array.shape[0]
+    weights = _DESCENDING.get(a)
+    if weights is None:
+        weights = _DESCENDING[a] = np.arange(a, 0, -1, dtype=np.int64)
+    weights = weights.reshape(a, *(1,) * (array.ndim - 1))
+    return a - ((array == array.max(0)) * weights).max(0)
+
+
+def argmax_last(array: Array) -> Array:
+    """argmax over the last axis, the lowest index among ties: [..., A] -> [...] int64 (numpy: through a copy
+    with the actions first, see first_argmax0)."""
+    if not isinstance(array, np.ndarray):
+        return array.argmax(-1)
+    return first_argmax0(np.ascontiguousarray(np.moveaxis(array, -1, 0)))
+
+
 def softmax(logits: Array) -> Array:
     """Softmax over the last axis, [..., A] -> [..., A]."""
     xp = namespace(logits)
@@ -122,8 +159,11 @@ class TreeArrays:
     base: Array  # [B] int64, the row of each root (b * N)
     tree_index: Array  # [B, 1] int64, b
     row_tree: Array  # [B * N + 1] int64, the tree of each row (0 for the scratch row)
-    backup_channels: Array  # [3] int64: EDGE_VISITS, EDGE_VALUES, Q (what a backup writes into an edge)
+    edge_flat: Array  # [(B * N + 1) * 8 * A] view of edge: element (row, channel, a) at (row * 8 + channel) * A + a
+    child_flat: Array  # [(B * N + 1) * A] view of child_row
+    backup_offsets: Array  # [3] int64: channel * A of EDGE_VISITS, EDGE_VALUES, Q (what a backup writes)
     node_number: Array  # [1, N] int64, n
+    rows: Array  # [B, N] int64, the row of each node (b * N + n)
     nodes: Array  # [B, N, 5] view of node
     node_indices: Array  # [B, N, 3] view of node_index
     edges: Array  # [B, N, 8, A] view of edge
@@ -153,8 +193,10 @@ def tree_arrays(node: Tensor, node_index: Tensor, edge: Tensor, child_row: Tenso
         node=node_a, node_index=index_a, edge=edge_a, child_row=child_a, choice=choice_a, next_row=next_a,
         min_q=array(min_q), max_q=array(max_q), base=base, tree_index=base[:, None] // n,
         row_tree=array(torch.arange(b * n + 1, device=node.device) // n % b),
-        backup_channels=array(torch.tensor([EDGE_VISITS, EDGE_VALUES, Q], device=node.device)),
+        edge_flat=edge_a.reshape(-1), child_flat=child_a.reshape(-1),
+        backup_offsets=array(torch.tensor([EDGE_VISITS, EDGE_VALUES, Q], device=node.device) * edge.shape[-1]),
         node_number=array(torch.arange(n, device=node.device))[None, :],
+        rows=array(torch.arange(b * n, device=node.device).view(b, n)),
         nodes=node_a[:-1].reshape(b, n, NODE_COLUMNS), node_indices=index_a[:-1].reshape(b, n, 3),
         edges=edge_a[:-1].reshape(b, n, *edge_a.shape[1:]), children=child_a[:-1].reshape(b, n, -1),
         choices=choice_a[:-1].reshape(b, n), next_rows=next_a[:-1].reshape(b, n))
@@ -267,26 +309,28 @@ def expand(tree: Tree, parent_rows: Array, actions: Array, new_node: int, recurr
     parent_embeddings = tree_map(lambda x: x.index_select(0, parent_tensor), tree.flat_embeddings)
     out = recurrent_fn(parent_embeddings, torch.from_numpy(actions) if host else actions)
     dtype = tree.node.dtype
-    reward, discount, value, logits = (_as_array(x, dtype, host) for x in (out.reward, out.discount, out.value,
-                                                                          out.prior_logits))
+    # torch's softmax is one call where numpy's takes five
+    prior = torch.softmax(out.prior_logits if out.prior_logits.dtype == dtype else out.prior_logits.to(dtype), -1)
+    reward, discount, value, logits, prior = (_as_array(x, dtype, host) for x in (out.reward, out.discount, out.value,
+                                                                                 out.prior_logits, prior))
     new = t.nodes[:, new_node]  # [B, 5]
     new[:, RAW_VALUE] = value
     new[:, REWARD] = reward
     new[:, DISCOUNT] = discount
-    depth = t.node_index[parent_rows, DEPTH] + 1
+    depth = t.node_index.take(parent_rows * 3 + DEPTH) + 1 if host else t.node_index[parent_rows, DEPTH] + 1
     index = t.node_indices[:, new_node]  # [B, 3]
     index[:, PARENT_ROW] = parent_rows
     index[:, ACTION] = actions
     index[:, DEPTH] = depth
     leaf_edges = t.edges[:, new_node]  # [B, 8, A]
-    leaf_edges[:, PRIOR] = softmax(logits)
+    leaf_edges[:, PRIOR] = prior
     leaf_edges[:, LOGITS] = logits
-    t.edge[parent_rows, EDGE_REWARD, actions] = reward
-    t.edge[parent_rows, EDGE_DISCOUNT, actions] = discount
-    t.child_row[parent_rows, actions] = t.base + new_node
-    b, n = tree.num_trees, tree.num_nodes
-    tree_map2(lambda store, x: store[:-1].view(b, n, *store.shape[1:])[:, new_node].copy_(x), tree.flat_embeddings,
-              out.embedding)
+    a = tree.num_actions
+    edge = parent_rows * (EDGE_CHANNELS * a) + actions  # flat (parent, channel 0, action)
+    t.edge_flat[edge + EDGE_REWARD * a] = reward
+    t.edge_flat[edge + EDGE_DISCOUNT * a] = discount
+    t.child_flat[parent_rows * a + actions] = t.base + new_node
+    tree_map2(lambda store, x: store[:, new_node].copy_(x), tree.embeddings, out.embedding)
     return value, depth
 
 
