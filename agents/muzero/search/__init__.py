@@ -199,7 +199,7 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
         table = torch.tensor(considered_visits_table(config.max_num_considered_actions, simulations), device=device)
         considered = (a - invalid.sum(-1)).clamp_max(config.max_num_considered_actions)
         considered_visits = table.index_select(0, considered).to(dtype).T.contiguous()  # [simulations, B]
-        root_args = array(gumbel_logits), array(considered_visits), array(invalid)
+        root_args = array(gumbel_logits.T.contiguous()), array(considered_visits), array(invalid.T.contiguous())
         refresh_choices(t, t.base, root_args[0], root_args[1][0], root_args[2], config)
     else:
         root_mask = array(torch.zeros(b, a, dtype=dtype, device=device).masked_fill(invalid, -torch.inf))
