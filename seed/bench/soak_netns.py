@@ -287,7 +287,7 @@ class NetnsSoak:
         return fault
 
     def _newest_checkpoint(self) -> dict[str, Any] | None:
-        from seed import checkpoint  # torch: imported only when needed
+        from seed import checkpoint  # torch: imported by run() before the first fault, not while a learner is down
 
         latest = checkpoint.latest(self.logdir)
         if latest is None:
@@ -317,6 +317,8 @@ class NetnsSoak:
         os.makedirs(self.directory, exist_ok=True)
         with open(self.token_file, "w") as f:
             f.write(TOKEN + "\n")
+        import seed.checkpoint  # noqa: F401 - torch's import (seconds on a busy machine) kept out of the learner fault
+
         self.hosts.create()
         try:
             self._start = time.monotonic()
