@@ -44,7 +44,9 @@ from seed.agents.muzero.search.tree import (
     amax,
     amin,
     clip_min,
+    first_argmax0,
     namespace,
+    new_empty,
     stack0,
     take_rows,
 )
@@ -70,11 +72,13 @@ def q_normaliser(min_q: Array, max_q: Array) -> tuple[Array, Array]:
 
 
 def puct_choices(prior_score: Array, q: Array, low: Array, span: Array) -> Array:
-    """argmax_a PB(a) + Qn(a), the lowest index among ties. prior_score, q [..., A]; low, span broadcast to
-    [..., 1]. Returns [...] int64."""
+    """argmax_a PB(a) + Qn(a), the lowest index among ties, actions first. prior_score, q [A, M]; low, span [M]
+    (q_normaliser's, of each row's tree). Returns [M] int64."""
     normalised = q - low
     normalised /= span
-    return (clip_min(normalised, 0.0) + prior_score).argmax(-1)
+    normalised = clip_min(normalised, 0.0)
+    normalised += prior_score
+    return first_argmax0(normalised)
 
 
 def refresh(t: TreeArrays, rows: Array, visits: Array, rescaled: Array | None, num_used: int, root_mask: Array,
@@ -108,7 +112,9 @@ def choose(t: TreeArrays, rows: Array) -> None:
     low, span = q_normaliser(t.min_q, t.max_q)
     trees = t.row_tree[rows]
     edges = t.edge[rows, :Q + 1]  # [M, 2, A]: PB, Q
-    choice = puct_choices(edges[:, PB], edges[:, Q], low[trees][:, None], span[trees][:, None])  # [M]
+    # actions first (see first_argmax0): the arithmetic broadcasts along rows, the argmax reduces over the first axis
+    edges = np.ascontiguousarray(edges.transpose(1, 2, 0)) if isinstance(edges, np.ndarray) else edges.permute(1, 2, 0)
+    choice = puct_choices(edges[PB], edges[Q], low[trees], span[trees])  # [M]
     t.choice[rows] = choice
     t.next_row[rows] = t.child_flat[rows * t.child_row.shape[1] + choice]
 
@@ -139,23 +145,24 @@ def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array
     for j in range(rows.shape[0] - 1, 0, -1):
         xp.multiply(discounts[j], returns[j], out=returns[j - 1])
         returns[j - 1] += rewards[j]
-    statistics = before[..., :VALUE_SUM + 1]  # [L + 1, B, 2]: VISITS, VALUE_SUM
-    statistics[..., VISITS] += 1.0
-    statistics[..., VALUE_SUM] += returns
-    t.node[rows, :VALUE_SUM + 1] = statistics  # rows repeat only at the scratch row, whose statistics nothing reads
-    visits = statistics[..., VISITS]
+    visits = before[..., VISITS] + 1.0  # [L + 1, B]
+    value_sums = before[..., VALUE_SUM] + returns
+    cells = rows * t.node.shape[1]  # flat (row, column 0); rows repeat only at the scratch row, which nothing reads
+    t.node_flat[cells + VISITS] = visits
+    t.node_flat[cells + VALUE_SUM] = value_sums
 
     children = rows[1:]  # [L, B]
-    edge_statistics = xp.empty_like(before[1:, :, :3])  # [L, B, 3]: visits, mean value, Q (t.backup_offsets)
-    edge_statistics[..., 0] = visits[1:]
-    mean = edge_statistics[..., 1]
-    xp.divide(statistics[1:, :, VALUE_SUM], visits[1:], out=mean)
-    q = edge_statistics[..., 2]
+    edge_statistics = new_empty(before, (3, *children.shape))  # [3, L, B]: t.backup_offsets' channels
+    edge_statistics[0] = visits[1:]
+    mean = edge_statistics[1]
+    xp.divide(value_sums[1:], visits[1:], out=mean)
+    q = edge_statistics[2]
     xp.multiply(discounts[1:], mean, out=q)
     q += rewards[1:]
     links = take_rows(t.node_index, children)  # [L, B, 3]
     edges = links[..., PARENT_ROW] * (t.edge.shape[1] * t.edge.shape[2]) + links[..., ACTION]  # flat (parent, 0, a)
-    t.edge_flat[edges[..., None] + t.backup_offsets] = edge_statistics
+    # channels first: numpy broadcasts over a last axis of 3 at a per-row cost
+    t.edge_flat[edges[None] + t.backup_offsets[:, None, None]] = edge_statistics
     q = xp.where(children != scratch, q, q[-1:])  # padding repeats the leaf's edge, always on the path
     low, high = amin(q, 0), amax(q, 0)
     rescaled = (low < t.min_q) | (high > t.max_q)

@@ -81,6 +81,11 @@ def clip_min(array: Array, low: float) -> Array:
     return np.maximum(array, low) if isinstance(array, np.ndarray) else array.clamp_min(low)
 
 
+def new_empty(like: Array, shape: tuple[int, ...]) -> Array:
+    """An uninitialised array of `shape` with like's dtype (and device)."""
+    return np.empty(shape, like.dtype) if isinstance(like, np.ndarray) else like.new_empty(shape)
+
+
 def stack0(arrays: list[Array]) -> Array:
     """Stacks [B] arrays into [len, B] (np.array is a quarter of np.stack's time for a list of short arrays)."""
     return np.array(arrays) if isinstance(arrays[0], np.ndarray) else torch.stack(arrays, 0)
@@ -159,6 +164,7 @@ class TreeArrays:
     base: Array  # [B] int64, the row of each root (b * N)
     tree_index: Array  # [B, 1] int64, b
     row_tree: Array  # [B * N + 1] int64, the tree of each row (0 for the scratch row)
+    node_flat: Array  # [(B * N + 1) * 5] view of node
     edge_flat: Array  # [(B * N + 1) * 8 * A] view of edge: element (row, channel, a) at (row * 8 + channel) * A + a
     child_flat: Array  # [(B * N + 1) * A] view of child_row
     backup_offsets: Array  # [3] int64: channel * A of EDGE_VISITS, EDGE_VALUES, Q (what a backup writes)
@@ -193,7 +199,7 @@ def tree_arrays(node: Tensor, node_index: Tensor, edge: Tensor, child_row: Tenso
         node=node_a, node_index=index_a, edge=edge_a, child_row=child_a, choice=choice_a, next_row=next_a,
         min_q=array(min_q), max_q=array(max_q), base=base, tree_index=base[:, None] // n,
         row_tree=array(torch.arange(b * n + 1, device=node.device) // n % b),
-        edge_flat=edge_a.reshape(-1), child_flat=child_a.reshape(-1),
+        node_flat=node_a.reshape(-1), edge_flat=edge_a.reshape(-1), child_flat=child_a.reshape(-1),
         backup_offsets=array(torch.tensor([EDGE_VISITS, EDGE_VALUES, Q], device=node.device) * edge.shape[-1]),
         node_number=array(torch.arange(n, device=node.device))[None, :],
         rows=array(torch.arange(b * n, device=node.device).view(b, n)),
