@@ -216,7 +216,7 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
         depth.update(k + 1, leaf_depth)
         if depth.exact:  # on the CPU: back up only as deep as the deepest new leaf
             path = path[:depth.last_leaf_depth]
-        backed, visits, rescaled = backup(t, path, t.base + (k + 1), leaf_value)
+        backed, visits, rescaled = backup(t, path, t.base + (k + 1), leaf_value, min_max=not gumbel)
         if gumbel:
             # the roots' choices for the next simulation (the last one's are not used)
             next_visit = root_args[1][min(k + 1, simulations - 1)]

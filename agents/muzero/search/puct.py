@@ -119,7 +119,8 @@ def choose(t: TreeArrays, rows: Array) -> None:
     t.next_row[rows] = t.child_flat[rows * t.child_row.shape[1] + choice]
 
 
-def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array) -> tuple[Array, Array, Array]:
+def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array, min_max: bool = True
+           ) -> tuple[Array, Array, Array | None]:
     """Backs the new leaves' values up to the roots (MuZero pseudocode `backpropagate`), all depths at once.
 
     path: L arrays [B] int64, the rows visited by the selection, root first; a row repeated from one step to the
@@ -132,7 +133,8 @@ def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array
     added to its value sum; the edge into each of them gets the child's visits, mean value and Q; the tree's
     min_q / max_q take in those Q. Returns the backed-up rows [M] (the roots first, in tree order, then each
     deeper level; on the host without the padding, elsewhere all (L + 1) * B with the scratch row), their visits [M],
-    and whether each tree's min_q or max_q changed [B] bool.
+    and whether each tree's min_q or max_q changed [B] bool (None with min_max False: Gumbel MuZero normalises
+    per node and leaves min_q / max_q alone).
     """
     xp = namespace(leaf_rows)
     scratch = t.scratch
@@ -163,12 +165,20 @@ def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array
     edges = links[..., PARENT_ROW] * (t.edge.shape[1] * t.edge.shape[2]) + links[..., ACTION]  # flat (parent, 0, a)
     # channels first: numpy broadcasts over a last axis of 3 at a per-row cost
     t.edge_flat[edges[None] + t.backup_offsets[:, None, None]] = edge_statistics
-    q = xp.where(children != scratch, q, q[-1:])  # padding repeats the leaf's edge, always on the path
-    low, high = amin(q, 0), amax(q, 0)
-    rescaled = (low < t.min_q) | (high > t.max_q)
-    xp.minimum(t.min_q, low, out=t.min_q)
-    xp.maximum(t.max_q, high, out=t.max_q)
+    rescaled = None
+    if min_max:  # padding repeats the leaf's edge, always on the path
+        rescaled = _take_in_range(t, xp.where(children != scratch, q, q[-1:]))
     if xp is np:  # a data-dependent size costs nothing on the host, and the refreshes then skip the padding
         real = rows != scratch
         return rows[real], visits[real], rescaled
     return rows.reshape(-1), visits.reshape(-1), rescaled
+
+
+def _take_in_range(t: TreeArrays, q: Array) -> Array:
+    """Widens each tree's [min_q, max_q] to the backed-up Q [L, B]; returns whether it changed [B] bool."""
+    xp = namespace(q)
+    low, high = amin(q, 0), amax(q, 0)
+    rescaled = (low < t.min_q) | (high > t.max_q)
+    xp.minimum(t.min_q, low, out=t.min_q)
+    xp.maximum(t.max_q, high, out=t.max_q)
+    return rescaled

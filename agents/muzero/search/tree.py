@@ -226,7 +226,7 @@ class Tree:
     children_visits: Tensor  # [B, N, A] visits of each child
     children_values: Tensor  # [B, N, A] mean value of each child (0 while unvisited)
     depth: Tensor  # [B, N] int64, the root is at depth 0
-    min_q: Tensor  # [B] smallest Q = reward + discount * value seen in the tree's backups (+inf before any)
+    min_q: Tensor  # [B] smallest Q = reward + discount * value seen in the tree's backups (+inf before any; pUCT only)
     max_q: Tensor  # [B] largest such Q (-inf before any)
     root_invalid: Tensor  # [B, A] bool, actions that may not be taken at the root
     embeddings: Any  # pytree of [B, N, ...], node latent states
