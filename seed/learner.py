@@ -30,7 +30,6 @@ from typing import Any
 import torch
 
 from seed.config import LearnerConfig
-from seed.contracts import FinishedEpisodes
 from seed.envs.base import EnvSpec
 from seed.learner_builder import build_learner
 from seed.learner_metrics import PeriodicLogger, metrics_row, run_summary
@@ -84,9 +83,6 @@ class Learner:
     def is_eval_env(self, env_ids: torch.Tensor) -> torch.Tensor:
         """The last `num_eval_envs` env ids only evaluate."""
         return self.episodes.is_eval_env(env_ids)
-
-    def _on_episodes(self, episodes: FinishedEpisodes) -> None:
-        self.episodes.on_episodes(episodes)
 
     def _on_actor_episodes(self, episodes: list[tuple[int, float]]) -> None:
         """(env id, raw return) of episodes the actors reported finished (from the serving process)."""
