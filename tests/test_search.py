@@ -337,3 +337,21 @@ def test_seed_bench_search_writes_its_result(tmp_path):
     for name in ("seed_puct", "seed_gumbel"):
         assert result["results"][name]["expansions_per_s"] > 0
         assert result["results"][name]["repeats"] == 2
+
+
+def test_first_argmax0_takes_the_lowest_index_among_ties():
+    """The numpy argmax over the first axis (tree.first_argmax0, an elementwise reduction in place of numpy's
+    argmax) against numpy's and torch's argmax, on scores full of ties and -inf (masked actions)."""
+    import numpy as np
+
+    from seed.agents.muzero.search.tree import first_argmax0
+
+    rng = np.random.default_rng(0)
+    scores = rng.integers(0, 3, size=(7, 5, 40)).astype(np.float32)  # three values over 7 actions: many ties
+    scores[:, :, :5] = -np.inf  # whole columns masked
+    scores[rng.random(scores.shape) < 0.2] = -np.inf
+    expected = scores.argmax(0)
+    assert (expected > 0).any() and (expected == 0).any()
+    got = first_argmax0(scores)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(first_argmax0(torch.from_numpy(scores)).numpy(), expected)

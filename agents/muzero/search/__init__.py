@@ -8,9 +8,9 @@
 One simulation of all B trees is: a descent from the roots (a loop over depth, one gather per step for all trees:
 every node caches the action it selects and the child that leads to), one `recurrent_fn` call for the B new
 leaves (tree.expand), one backup of all depths at once (puct.backup), and the refresh of the selection caches
-(pUCT: the nodes just backed up through, puct.refresh_path, and every node of the trees whose normalisation
-changed, puct.refresh_trees; gumbel: the nodes just backed up through and the roots' sequential-halving choice
-for the next simulation, gumbel.refresh_choices).
+(pUCT, puct.refresh: the nodes just backed up through and every node of the trees whose normalisation changed;
+gumbel: the nodes just backed up through and the roots' sequential-halving choice for the next simulation,
+gumbel.refresh_choices).
 
 Nothing is read back to the host inside the loop on CUDA: the number of descent steps comes from `DepthBound`
 (an asynchronous copy, polled, never waited for). On the CPU, where reading a tensor costs no round trip, the

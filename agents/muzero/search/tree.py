@@ -110,21 +110,6 @@ def first_argmax0(array: Array) -> Array:
     return a - ((array == array.max(0)) * weights).max(0)
 
 
-def argmax_last(array: Array) -> Array:
-    """argmax over the last axis, the lowest index among ties: [..., A] -> [...] int64 (numpy: through a copy
-    with the actions first, see first_argmax0)."""
-    if not isinstance(array, np.ndarray):
-        return array.argmax(-1)
-    return first_argmax0(np.ascontiguousarray(np.moveaxis(array, -1, 0)))
-
-
-def softmax(logits: Array) -> Array:
-    """Softmax over the last axis, [..., A] -> [..., A]."""
-    xp = namespace(logits)
-    e = xp.exp(logits - amax(logits, -1)[..., None])
-    return e / e.sum(-1)[..., None]
-
-
 def tree_map(fn: Any, tree: Any) -> Any:
     """Applies fn to every tensor of a pytree of tensors, tuples, lists and dicts."""
     if isinstance(tree, Tensor):
