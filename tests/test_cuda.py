@@ -89,7 +89,9 @@ def _random_batch(spec, config, agent_name: str, rng) -> Unroll:
 @pytest.mark.parametrize("agent_name", ["vtrace", "r2d2"])
 def test_training_step_on_cuda_matches_cpu(agent_name):
     cpu_agent, spec, config = _agent(agent_name)
-    gpu_agent = copy.deepcopy(cpu_agent).to(torch.device("cuda:0"))
+    gpu_agent = _agent(agent_name)[0]  # a second agent, not a deep copy: agents hold locks (R2D2's epsilons)
+    gpu_agent.load_state_dict(cpu_agent.state_dict())
+    gpu_agent.to(torch.device("cuda:0"))
     rng = np.random.default_rng(1)
     steps = _random_batch(spec, config, agent_name, rng)
     state = {k: torch.from_numpy(rng.normal(size=v.shape).astype(np.float32)) if v.is_floating_point() else v
