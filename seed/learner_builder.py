@@ -166,7 +166,8 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     inferences = [
         CentralInference(
             InferenceModel(agent=agent, network=copy.deepcopy(agent.network).to(device).eval(), device=device,
-                           policy_version=metrics.train_steps, cuda_graphs=config.cuda_graphs,
+                           policy_version=metrics.train_steps,
+                           cuda_graphs=config.cuda_graphs and getattr(agent, "cuda_graphs", True),
                            row_by_row=config.deterministic),
             channels.slab, UnrollLayout(config.unroll_length, config.burn_in), outputs,
             rollout_gate=rollout_gate(config, i, len(inference_devices), metrics.train_steps))

@@ -112,6 +112,9 @@ def check_config(config: LearnerConfig) -> None:
 
 class Agent:
     uses_replay = True
+    # `act` cannot be captured as a CUDA graph: the search's loop length comes from the host (its depth bound) and
+    # its tree is rebuilt every call; the learner runs it eagerly whatever --cuda_graphs says.
+    cuda_graphs = False
 
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
         check_config(config)
