@@ -14,6 +14,10 @@ directions), and after `--warmup_s` counts for `--duration_s` seconds:
                             --stats_file, written every 0.2 s)
   env_frames_per_s          env frames per second at the actor
   wire_mbit_per_s           the link's load, both directions, Mbit/s
+  learner_cpu_us_per_env_frame, actor_cpu_us_per_env_frame
+                            CPU time (user + system, us) per env frame of the learner's process tree (serving
+                            and training processes included) and of the actor: a cost that other work on the
+                            machine changes far less than FPS (psutil)
 
 Latency tolerance (`--delays_ms=0,0.5,2.5,10`): the actor dials the learner through seed/bench/tcp_relay.py run
 on the learner's host, which delays each direction by the given one-way delay (added round trip = 2x; 0 still
@@ -65,6 +69,23 @@ def _frames(stats_file: str) -> int:
     return 0
 
 
+def _cpu_s(processes: list[subprocess.Popen]) -> float:
+    """CPU seconds (user + system) used so far by `processes` and every live descendant (the learner's serving
+    and training processes). Descendants that exited in between are not counted: count over a steady window."""
+    import psutil
+
+    total = 0.0
+    for process in processes:
+        try:
+            root = psutil.Process(process.pid)
+            for p in [root, *root.children(recursive=True)]:
+                times = p.cpu_times()
+                total += times.user + times.system
+        except psutil.NoSuchProcess:
+            continue
+    return total
+
+
 def _wire_bytes(name: str) -> int:
     rx, tx = _netns("bytes", name, "2").split()
     return int(rx) + int(tx)
@@ -114,15 +135,20 @@ def measure_once(env: str, codec: str, rate: str, envs_per_actor: int, warmup_s:
                 raise RuntimeError(f"no env frames within 180 s: see {run_dir}/learner.log and actor.log")
             time.sleep(0.5)
         time.sleep(warmup_s)
+        learner_actor = processes[-2:]  # (learner, actor); the relay, if any, is counted by neither
         frames0, bytes0, t0 = _frames(stats), _wire_bytes(name), time.monotonic()
+        cpu0 = [_cpu_s([p]) for p in learner_actor]
         time.sleep(duration_s)
         frames1, bytes1, t1 = _frames(stats), _wire_bytes(name), time.monotonic()
+        cpu1 = [_cpu_s([p]) for p in learner_actor]
         frames, wire, seconds = frames1 - frames0, bytes1 - bytes0, t1 - t0
+        cpu_us = [round((b - a) / frames * 1e6, 1) if frames else None for a, b in zip(cpu0, cpu1, strict=True)]
         return dict(env=env, compression=codec, rate=rate, envs_per_actor=envs_per_actor,
                     added_round_trip_ms=None if delay_ms is None else 2 * delay_ms, seconds=round(seconds, 1),
                     env_frames=frames, wire_bytes=wire,
                     wire_bytes_per_env_frame=round(wire / frames, 1) if frames else None,
                     env_frames_per_s=round(frames / seconds, 1), wire_mbit_per_s=round(wire * 8 / seconds / 1e6, 2),
+                    learner_cpu_us_per_env_frame=cpu_us[0], actor_cpu_us_per_env_frame=cpu_us[1],
                     load_average_1min=round(os.getloadavg()[0], 1))  # other work on the machine, for the reader
     finally:
         for process in processes:
