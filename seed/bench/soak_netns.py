@@ -33,6 +33,7 @@ import json
 import os
 import random
 import re
+import signal
 import sys
 import tempfile
 import time
@@ -238,7 +239,8 @@ class NetnsSoak:
     def inject(self, kind: str) -> dict[str, Any]:
         """Injects one fault, heals it, waits for every actor; returns its record."""
         o = self.options
-        fault: dict[str, Any] = {"kind": kind, "injected_at_s": round(self.now(), 2)}
+        fault: dict[str, Any] = {"kind": kind, "injected_at_s": round(self.now(), 2),
+                                 "load_average_1min": round(os.getloadavg()[0], 1)}  # other work on the machine
         fps_from = self.now()
         if kind == "partition":
             host = self.rng.randint(1, 1 + o.actor_hosts)
@@ -303,8 +305,8 @@ class NetnsSoak:
         while match is None and time.monotonic() < deadline and self.learner.poll() is None:
             self.wait(0.5)
             match = RESUMED.search(self.learner_tail.text)
-        if match is None:
-            return {"resumed_from": None, "checkpoint_lost": saved is not None}
+        if match is None:  # not resumed within --back_timeout_s: whether a checkpoint was lost is not known
+            return {"resumed_from": None, "checkpoint_lost": None}
         resumed = {"path": os.path.basename(match.group(1)), "train_steps": int(match.group(3).replace(",", "")),
                    "env_frames": int(match.group(2).replace(",", ""))}
         lost = saved is not None and resumed["train_steps"] < saved["train_steps"]
@@ -379,7 +381,8 @@ class NetnsSoak:
             "startup": startup, "faults_injected": len(self.faults), "by_kind": by_kind,
             "learner_crashes": len(self.learner_crashes), "learner_crash_details": self.learner_crashes,
             "actor_crashes": len(self.actor_crashes), "actor_crash_details": self.actor_crashes,
-            "checkpoints_lost": sum(bool(f.get("checkpoint_lost")) for f in learner_faults),
+            "checkpoints_lost": sum(f.get("checkpoint_lost") is True for f in learner_faults),
+            "learner_resumes_not_seen": sum(f.get("checkpoint_lost") is None for f in learner_faults),
             "learner_restarts": len(learner_faults), "stopped_cleanly": stopped_cleanly,
             "mean_fps": self.mean_fps(0, float("inf")), "faults": self.faults,
             "load_average_1min_at_end": round(os.getloadavg()[0], 1),
@@ -397,6 +400,9 @@ def check(report: dict[str, Any]) -> list[str]:
                         "expected 0 besides the injected ones")
     if report["checkpoints_lost"]:
         problems.append(f"checkpoints_lost: got {report['checkpoints_lost']}, expected 0")
+    if report["learner_resumes_not_seen"]:
+        problems.append(f"learner restarts without a resume within --back_timeout_s: got "
+                        f"{report['learner_resumes_not_seen']}, expected 0")
     if not report["stopped_cleanly"]:
         problems.append("stopped_cleanly: got a learner exit other than 0 on SIGTERM at the end, expected 0")
     for kind, figures in report["by_kind"].items():
@@ -439,6 +445,8 @@ def main(argv: list[str]) -> None:
     except ValueError as error:
         print(f"soak --hosts=netns: {error}", file=sys.stderr)
         sys.exit(2)
+    # SIGTERM (a test's timeout, a CI job cancelled) ends the run through run()'s `finally`: no host left behind.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"soak --hosts=netns: SIGTERM (signal {signum})"))
     report = soak.run()
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
     with open(FLAGS.out, "w") as f:
