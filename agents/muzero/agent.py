@@ -27,18 +27,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from seed.agents.muzero.losses import muzero_loss, value_targets
+from seed.agents.muzero.losses import muzero_loss, predicted_values, start_priorities, value_targets
 from seed.agents.muzero.networks import MLPMuZeroNetwork, MuZeroNetwork, ResNetMuZeroNetwork
 from seed.agents.muzero.reanalysis import reanalyse_batch
-from seed.agents.muzero.targets import sequence_priorities, support_to_scalar, unroll_masks
+from seed.agents.muzero.targets import support_to_scalar, unroll_masks
 from seed.agents.networks import stack_frames
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.envs.base import EnvSpec
 from seed.unroll import LossOutput, TrainingBatch, Unroll
 from seed.wire import torch_dtype
-
-PRIORITY_EPSILON = 1e-6  # no sequence's priority is 0 (it would never be sampled again)
 
 # EfficientZero's Atari 100k configuration (efficientzero_facts.md, SpeedyZero Table 6) where this framework has
 # the setting. Not EfficientZero's: Adam instead of SGD 0.2 (the framework's optimizer), grayscale 84 x 84 frames
@@ -126,7 +124,6 @@ class Agent:
         self.target_network = copy.deepcopy(self.network).requires_grad_(False).eval()
         self.history = spec.frame_stack - 1
         self.train_steps = 0  # updates made, kept by `after_update`: the age of a step for the off-policy correction
-        self.target_version = 0  # the update the target network was copied at (reanalysis staleness)
         self.search_config = SearchConfig(
             num_simulations=config.num_simulations, algorithm=config.search, dirichlet_alpha=config.dirichlet_alpha,
             dirichlet_fraction=0.0)  # the root noise is added here, per row: evaluation rows get none
@@ -244,9 +241,8 @@ class Agent:
         root_value = batch.steps["root_value"].float()
         targets, mask = value_targets(batch, root_value, self.config, self.train_steps)
         starts = self.config.unroll_length
-        errors = root_value[:starts] - targets[:starts]
-        mask = mask[:starts] & batch.valid[:starts]
-        priorities = sequence_priorities(errors, mask, self.config.priority_eta) + PRIORITY_EPSILON
+        priorities = start_priorities(root_value[:starts], targets[:starts], mask[:starts] & batch.valid[:starts],
+                                      self.config.priority_eta)
         return priorities.double().numpy()
 
     @torch.no_grad()
@@ -257,14 +253,18 @@ class Agent:
         length, batch = unrolls.reward.shape
         starts = self.config.unroll_length
         stacked = self.stacked_observations(unrolls)
-        _, _, target_value_logits = target_network.initial_inference(stacked.flatten(0, 1))
-        bootstrap = support_to_scalar(target_value_logits).view(length, batch)
+        bootstrap = predicted_values(target_network, stacked.flatten(0, 1), length, batch)
         targets, target_mask = value_targets(unrolls, bootstrap, self.config, self.train_steps)
-        _, _, value_logits = network.initial_inference(stacked[:starts].flatten(0, 1))
-        start_value = support_to_scalar(value_logits).view(starts, batch)
+        start_value = predicted_values(network, stacked[:starts].flatten(0, 1), starts, batch)
         masks = unroll_masks(unrolls.done, unrolls.truncated, unrolls.valid, starts, self.config.unroll_steps)
         mask = masks["start"][0] & target_mask[:starts]
-        return sequence_priorities(start_value - targets[:starts], mask, self.config.priority_eta) + PRIORITY_EPSILON
+        return start_priorities(start_value, targets[:starts], mask, self.config.priority_eta)
+
+    @property
+    def target_version(self) -> int:
+        """The update the target network was copied at (`after_update` copies it every target_update_interval):
+        the reanalysing network's version for reanalysis/staleness_updates."""
+        return self.train_steps - self.train_steps % self.config.target_update_interval
 
     def reanalyse_batch(self, batch: TrainingBatch, train_steps: int) -> tuple[TrainingBatch, dict[str, float]]:
         """--reanalyse_ratio: the batch with fresh policy targets for its first sequences, searched with the target
@@ -279,7 +279,6 @@ class Agent:
         self.train_steps = train_steps
         if train_steps % self.config.target_update_interval == 0:
             self.target_network.load_state_dict(self.network.state_dict())
-            self.target_version = train_steps
 
     def state_dict(self) -> dict[str, Any]:
         return {"network": self.network.state_dict(), "target_network": self.target_network.state_dict(),
@@ -289,7 +288,6 @@ class Agent:
         self.network.load_state_dict(state["network"])
         self.target_network.load_state_dict(state["target_network"])
         self.train_steps = int(state.get("train_steps", 0))
-        self.target_version = self.train_steps - self.train_steps % self.config.target_update_interval
 
 
 def replay_sequence_bytes(spec: EnvSpec, config: LearnerConfig) -> int:

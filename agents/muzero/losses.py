@@ -43,6 +43,24 @@ if TYPE_CHECKING:
     from seed.agents.muzero.agent import Agent
 
 
+PRIORITY_EPSILON = 1e-6  # no sequence's priority is 0 (it would never be sampled again)
+
+
+def predicted_values(network: torch.nn.Module, stacked: torch.Tensor, length: int, batch: int
+                     ) -> torch.Tensor:
+    """`network`'s predicted value [L, B] of every stored position, from stacked observations [L * B, S, *frame]
+    (with the target network: what the n-step value targets bootstrap with)."""
+    _, _, value_logits = network.initial_inference(stacked)
+    return support_to_scalar(value_logits).view(length, batch)
+
+
+def start_priorities(start_value: torch.Tensor, targets: torch.Tensor, start_mask: torch.Tensor, eta: float
+                     ) -> torch.Tensor:
+    """A sequence's priority from its starts' values and targets [U, B] where `start_mask` [U, B] is set:
+    eta max |v - z| + (1 - eta) mean |v - z| (`sequence_priorities`), never 0. Returns [B]."""
+    return sequence_priorities(start_value - targets, start_mask, eta) + PRIORITY_EPSILON
+
+
 def clipped_rewards(unrolls: Unroll, config: LearnerConfig) -> torch.Tensor:
     """Rewards [L, B] as the loss sees them: clipped to [-max_abs_reward, max_abs_reward] when that is set."""
     reward = unrolls.reward.float()
@@ -85,8 +103,7 @@ def muzero_loss(agent: Agent, batch: TrainingBatch) -> LossOutput:
     latent_all = network.represent(stacked)
     latent_shape = latent_all.shape[1:]
     with torch.no_grad():
-        _, _, target_value_logits = agent.target_network.initial_inference(stacked)
-        bootstrap = support_to_scalar(target_value_logits).view(length, batch_size)
+        bootstrap = predicted_values(agent.target_network, stacked, length, batch_size)
         z, z_mask = value_targets(unrolls, bootstrap, c, agent.train_steps)
         masks = unroll_masks(unrolls.done, unrolls.truncated, unrolls.valid, starts, k_steps)
         alive, absorbed = masks["alive"], masks["absorbed"]
@@ -144,7 +161,7 @@ def muzero_loss(agent: Agent, batch: TrainingBatch) -> LossOutput:
 
     start_mask = masks["start"][0] & z_mask[:starts]
     errors = start_value - z[:starts]
-    priorities = sequence_priorities(errors, start_mask, c.priority_eta) + 1e-6
+    priorities = start_priorities(start_value, z[:starts], start_mask, c.priority_eta)
     count = start_mask.sum().clamp(min=1)
     metrics.update({
         "value/start_mean": float((start_value * start_mask).sum() / count),
