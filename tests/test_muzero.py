@@ -257,17 +257,20 @@ def test_act_stores_the_search_policy_and_root_value_and_a_training_step_updates
     assert not np.allclose(before, replay.tree.get(np.arange(replay.size)))
 
 
-def test_resnet_variant_acts_and_trains_on_stacked_frames(tmp_path):
-    """The Atari network (EfficientZero's ResNet, narrowed) on fake:atari frames: a 6 x 6 latent from 84 x 84, the
-    frame stack kept as per-env state by `act`, and a loss whose gradient reaches the first convolution."""
+@pytest.mark.parametrize("network, latent_side", [("resnet", 6), ("nature", 7)])
+def test_image_variants_act_and_train_on_stacked_frames(tmp_path, network, latent_side):
+    """The Atari networks (EfficientZero's ResNet, narrowed, and its CPU variant with the Nature DQN's
+    convolutions as the downsampling) on fake:atari frames: a 6 x 6 (7 x 7) latent from 84 x 84, the frame stack
+    kept as per-env state by `act`, and a loss whose gradient reaches the first convolution."""
     from seed.envs import make_spec
 
     torch.set_num_threads(1)
-    config = _config(tmp_path, env="fake:atari", latent_channels=8, lstm_size=16, value_support_size=10,
-                     reward_support_size=5, unroll_length=2, num_simulations=3)
+    config = _config(tmp_path, env="fake:atari", network=network, latent_channels=8, lstm_size=16,
+                     value_support_size=10, reward_support_size=5, unroll_length=2, num_simulations=3)
     spec = make_spec("fake:atari", {})
     agent = Agent(spec, config)
-    assert agent.network.represent(torch.zeros(1, 4, 84, 84, dtype=torch.uint8)).shape == (1, 8, 6, 6)
+    latent = agent.network.represent(torch.zeros(1, 4, 84, 84, dtype=torch.uint8))
+    assert latent.shape == (1, 8, latent_side, latent_side)
     state = agent.initial_state(2)
     frames = torch.randint(0, 255, (2, 84, 84), dtype=torch.uint8)
     batch = InferenceBatch(env_ids=torch.arange(2), observation=frames, reward=torch.zeros(2),
@@ -374,6 +377,10 @@ def test_contradictory_flags_are_refused(tmp_path):
         _config(tmp_path, agent="vtrace", reanalyse_ratio=0.5, burn_in=0)
     with pytest.raises(ValueError, match=r"--reanalyse_ratio: got 1.5, expected >= 0 and <= 1"):
         Agent(_spec(), _config(tmp_path, reanalyse_ratio=1.5))
+    with pytest.raises(ValueError, match=r"--network: got 'impala_deep', expected auto, mlp, resnet or nature"):
+        Agent(_spec(), _config(tmp_path, network="impala_deep"))
+    with pytest.raises(ValueError, match=r"--network=nature: needs \[H, W\] frames, got observation shape \(8,\)"):
+        Agent(_spec(), _config(tmp_path, network="nature"))
 
 
 # --- real processes --------------------------------------------------------------------------------------------

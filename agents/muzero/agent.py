@@ -67,7 +67,8 @@ def default_config(env_family: str) -> dict[str, Any]:
 
 
 def make_network(spec: EnvSpec, config: LearnerConfig) -> MuZeroNetwork:
-    """The MLP variant for vector observations, the ResNet variant for image frames (`--network=auto`)."""
+    """The MLP variant for vector observations, the ResNet variant for image frames (`--network=auto`);
+    `--network=nature` is the ResNet variant with the Nature DQN's convolutions as its downsampling (for CPUs)."""
     network = config.network
     if network == "auto":
         network = "mlp" if len(spec.observation_shape) == 1 else "resnet"
@@ -76,13 +77,14 @@ def make_network(spec: EnvSpec, config: LearnerConfig) -> MuZeroNetwork:
         return MLPMuZeroNetwork(math.prod(spec.observation_shape) * spec.frame_stack, spec.num_actions, hidden,
                                 config.latent_size, config.lstm_size, config.value_support_size,
                                 config.reward_support_size)
-    if network == "resnet":
+    if network in ("resnet", "nature"):
         if len(spec.observation_shape) != 2:
-            raise ValueError(f"--network=resnet: needs [H, W] frames, got observation shape {spec.observation_shape}")
+            raise ValueError(f"--network={network}: needs [H, W] frames, got observation shape "
+                             f"{spec.observation_shape}")
         return ResNetMuZeroNetwork(tuple(spec.observation_shape), spec.frame_stack, spec.num_actions,
                                    config.latent_channels, 1, config.lstm_size, config.value_support_size,
-                                   config.reward_support_size)
-    raise ValueError(f"--network: got {config.network!r}, expected auto, mlp or resnet with --agent=muzero")
+                                   config.reward_support_size, torso=network)
+    raise ValueError(f"--network: got {config.network!r}, expected auto, mlp, resnet or nature with --agent=muzero")
 
 
 def check_config(config: LearnerConfig) -> None:
