@@ -102,17 +102,19 @@ PRESETS: dict[str, dict[str, Any]] = {
         agent="ppo", env="gym:CartPole-v1", num_actors=2, envs_per_actor=4, sync="hts", deterministic=True,
         total_environment_frames=1e6,
     ),
-    # MuZero (EfficientZero) on CartPole for a 2-core CPU machine: the agent's gym defaults (an MLP model, 25 pUCT
-    # simulations per step, K = 5) with muzero-pytorch's CartPole discount 0.997, n = 10 and Dirichlet alpha 0.25;
-    # sequences of 15 starts (burn_in >= K + n - 1 = 14 must stay below unroll_length); 2 actors x 4 envs of which
-    # 2 evaluate, one search for both actors' 8 envs; training envs sample from visit counts at temperature 0.5
-    # (muzero-pytorch ends its schedule at 0.25); many updates per env step (batches of 8 sequences = 120
-    # unrolls, each inserted position trained 32 times): sample efficiency is what MuZero is for.
+    # MuZero (EfficientZero) on CartPole for a 2-core CPU machine: the agent's gym defaults (an MLP model, K = 5)
+    # with Gumbel MuZero's search (25 simulations; training envs play its sequential-halving action, evaluation envs
+    # the argmax of its improved policy) and muzero-pytorch's CartPole discount 0.997, n = 10 and Dirichlet alpha
+    # 0.25 (mixed into the training envs' root prior); sequences of 15 starts (burn_in >= K + n - 1 = 14 must stay
+    # below unroll_length); 2 actors x 4 envs of which 2 evaluate, one search for both actors' 8 envs. Many updates
+    # per env step (batches of 8 sequences = 120 unrolls, each inserted position trained 64 times) on a replay of
+    # the last 700 sequences (~10K positions): with the whole run in the replay, the first searches' policy
+    # targets stayed in it and runs stalled at 105-250 (docs/learning/README.md).
     "cartpole_muzero": dict(
         agent="muzero", env="gym:CartPole-v1", num_actors=2, envs_per_actor=4, num_eval_envs=2,
-        inference_batch_size=8, batch_size=8, replay_ratio=32.0, total_environment_frames=60_000,
-        log_interval_s=10.0, discounting=0.997, td_steps=10, burn_in=14, unroll_length=15, dirichlet_alpha=0.25,
-        visit_temperature=0.5,
+        inference_batch_size=8, batch_size=8, replay_ratio=64.0, replay_capacity=700, search="gumbel",
+        total_environment_frames=60_000, log_interval_s=10.0, discounting=0.997, td_steps=10, burn_in=14,
+        unroll_length=15, dirichlet_alpha=0.25,
     ),
     # MuZero (EfficientZero) on Atari 100k for one GPU + 16 cores: the agent's Atari defaults (EfficientZero's
     # model, K = 5, n = 5, 50 pUCT simulations, supports of 601 atoms, target copied every 200 updates, priority
@@ -129,13 +131,16 @@ PRESETS: dict[str, dict[str, Any]] = {
         checkpoint_interval_s=600.0,
     ),
     # MuZero on Pong for a 2-core CPU machine (the Atari 100k protocol's 100K agent steps): EfficientZero's losses
-    # and horizons on a model sized for 2 cores (the Table 5 ResNet with 32 channels, a 128-unit value-prefix
-    # LSTM, supports of 41 / 11 atoms, enough for clipped rewards), Gumbel MuZero's root selection with 8
+    # and horizons on a model sized for 2 cores (the Table 5 network with 32 channels and the Nature DQN's
+    # convolutions as its downsampling: 1.9 s per update against the ResNet torso's 4.4 s on one core,
+    # docs/learning/README.md; a 128-unit value-prefix LSTM, supports of 41 / 11 atoms, enough for clipped
+    # rewards), Gumbel MuZero's root selection with 8
     # simulations (Danihelka et al.: few simulations) and Table 9's 84 x 84 frames; half of each batch reanalysed;
     # 2 actors x 8 envs (2 evaluate), batches of 8 sequences, each inserted position trained 8 times.
     "pong_muzero": dict(
         agent="muzero", env="atari:Pong", atari_minimal_action_set=True, num_actors=2, envs_per_actor=8,
-        num_eval_envs=2, inference_batch_size=-1, latent_channels=32, lstm_size=128, value_support_size=20,
+        num_eval_envs=2, inference_batch_size=-1, network="nature", latent_channels=32, lstm_size=128,
+        value_support_size=20,
         reward_support_size=5, search="gumbel", num_simulations=8, batch_size=8, replay_ratio=8.0,
         reanalyse_ratio=0.5, replay_capacity=10_000, replay_min_size=100, total_environment_frames=400_000,
         log_interval_s=30.0, checkpoint_interval_s=300.0,
@@ -163,15 +168,16 @@ PRESET_SOURCES: dict[str, str] = {
                           "lr 3.43e-4, scoring,checkpoints rewards) with the small Football network; not yet "
                           "measured here.",
     "football_goal_ppo": "as football_close_ppo, on academy_empty_goal.",
-    "cartpole_muzero": "the MuZero agent's gym defaults (EfficientZero's losses, K and horizons; supports, "
-                       "network and replay sized for CartPole on 2 CPU cores) with muzero-pytorch's CartPole "
-                       "discount 0.997, n = 10 and Dirichlet alpha 0.25, visit temperature 0.5; "
-                       "docs/learning/README.md.",
+    "cartpole_muzero": "the MuZero agent's gym defaults (EfficientZero's losses, K and horizons; supports and "
+                       "network sized for CartPole on 2 CPU cores) with muzero-pytorch's CartPole discount 0.997, "
+                       "n = 10 and Dirichlet alpha 0.25; Gumbel search, replay ratio 64 and a 700-sequence replay "
+                       "chosen here (docs/learning/README.md).",
     "atari100k_muzero_gpu": "EfficientZero's Atari 100k configuration (the agent's Atari defaults) with SpeedyZero's "
                             "Table 6 env settings (96 x 96 grayscale, reward clipping, 12K-step episodes) and full "
                             "reanalysis; not yet measured on a GPU here.",
-    "pong_muzero": "EfficientZero's losses and horizons on a 2-core-sized model with 8 Gumbel simulations and half "
-                   "of each batch reanalysed; docs/learning/README.md.",
+    "pong_muzero": "EfficientZero's losses and horizons on a 2-core-sized model (32 channels, the Nature DQN's "
+                   "convolutions as the downsampling) with 8 Gumbel simulations and half of each batch reanalysed; "
+                   "docs/learning/README.md.",
     "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
                     "deterministic.",
 }
