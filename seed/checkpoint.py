@@ -40,11 +40,12 @@ LEGACY_NAME = "checkpoint.pt"  # the single file of logdirs written before rotat
 _NAME = re.compile(r"^checkpoint-(\d{8,})\.pt$")
 
 
-# What a NumPy uint32 array pickles as (the learner saves np.random.get_state(), a uint32 [624] key among plain
-# values): numpy 2 names its reconstructor numpy._core.multiarray._reconstruct, numpy 1 numpy.core.multiarray's.
+# What NumPy arrays pickle as (the learner saves np.random.get_state(), a uint32 [624] key among plain values; the
+# replay file holds float64 priorities and int64 generations): numpy 2 names its reconstructor
+# numpy._core.multiarray._reconstruct, numpy 1 numpy.core.multiarray's. Data types only: nothing here runs code.
 _RECONSTRUCT = np._core.multiarray._reconstruct if hasattr(np, "_core") else np.core.multiarray._reconstruct
 SAFE_GLOBALS = [_RECONSTRUCT, (_RECONSTRUCT, "numpy.core.multiarray._reconstruct"), np.ndarray, np.dtype,
-                type(np.dtype(np.uint32))]
+                *(type(np.dtype(t)) for t in (np.uint32, np.int64, np.float64))]
 
 
 class UnsafeCheckpoint(pickle.UnpicklingError):

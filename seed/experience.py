@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seed import checkpoint
 from seed.replay import PrioritizedReplay
 from seed.supervisor import SupervisedThread
 from seed.unroll import TrainingBatch, Unroll
@@ -259,5 +260,6 @@ class ReplayExperience:
     def restore(self, logdir: str) -> None:
         path = os.path.join(logdir, self.REPLAY_FILE)
         if self.checkpoint and os.path.exists(path):
-            self.replay.load_state_dict(torch.load(path, weights_only=False))
+            # weights_only: tensors, NumPy arrays and plain data; a file naming other objects is refused, not run.
+            self.replay.load_state_dict(checkpoint.read(path))
             print(f"[learner] restored replay from {path}: {self.replay.size:,} sequences", flush=True)

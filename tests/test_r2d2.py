@@ -166,6 +166,29 @@ def test_checkpoint_keeps_target_network_and_optionally_the_replay(tmp_path):
     assert without.experience.replay.size == 0  # the replay refills after a restart
 
 
+def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path):
+    """The replay file is read with torch.load(weights_only=True) as checkpoints are: its NumPy priorities and
+    generations load, an object of the file's choosing does not."""
+    import datetime
+
+    from seed.checkpoint import UnsafeCheckpoint, read
+
+    learner = _learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
+    for g in range(20):
+        serve_steps(learner.inference, [_request(0, g), _request(1, g)])
+    learner.checkpoint()
+    priorities = learner.experience.replay.tree.get(np.arange(learner.experience.replay.capacity))
+    resumed = Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
+    np.testing.assert_array_equal(resumed.experience.replay.tree.get(np.arange(resumed.experience.replay.capacity)),
+                                  priorities)
+    path = tmp_path / learner.experience.REPLAY_FILE
+    state = read(str(path))
+    state["note"] = datetime.datetime(2026, 11, 26)  # any class beyond tensors and NumPy data
+    torch.save(state, path)
+    with pytest.raises(UnsafeCheckpoint, match=r"replay.pt: got the Python object datetime.datetime"):
+        Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
+
+
 def _meta_act(agent, network, env_ids):
     """`act` on the meta device: a device of its own that a CPU-only machine has (shapes only, no data)."""
     from seed.inference import InferenceBatch
