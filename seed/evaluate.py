@@ -9,7 +9,8 @@ the agent (keys this version does not know are ignored with a warning), and its 
 the agent's network. Checkpoints are read with `torch.load(weights_only=True)` (seed/checkpoint.py `read`), so
 a downloaded one cannot run code: one that holds other Python objects is refused. The policy is the agent's
 `evaluation_act` (V-trace: a sample from the policy, or its argmax with `--eval_greedy`; R2D2: epsilon-greedy
-with the checkpoint's `eval_epsilon`).
+with the checkpoint's `eval_epsilon`; MuZero: the checkpoint's search without root noise, its most visited action
+(pUCT) or the argmax of its improved policy (Gumbel)).
 
 `--num_envs` envs are stepped together in this process, one batched forward pass per agent step, with each
 env's agent state kept like the learner keeps it (done=True on the first step and after every episode end,
@@ -328,6 +329,9 @@ def human_normalized(env: str, returns: list[float], scores_file: str) -> dict[s
 def policy_description(config: LearnerConfig) -> str:
     if config.agent == "r2d2":
         return f"epsilon-greedy, eps={config.eval_epsilon}"
+    if config.agent == "muzero":
+        chosen_by = "most visited action" if config.search == "puct" else "argmax of the improved policy"
+        return f"{config.search} search of {config.num_simulations} simulations without root noise, {chosen_by}"
     return "greedy (argmax)" if config.eval_greedy else "sampled from the policy"
 
 

@@ -183,6 +183,28 @@ def test_a_learner_checkpoint_with_its_random_states_evaluates(tmp_path):
         assert json.load(f)["episodes"] == 2
 
 
+def test_a_muzero_learner_checkpoint_evaluates_with_its_search(tmp_path):
+    """seed-eval on what a MuZero learner writes: the agent's evaluation search plays CartPole, and the report
+    names the search as the policy."""
+    from seed.learner import Learner
+    from seed.learner_main import resolve_config
+
+    logdir = str(tmp_path / "run")
+    config = resolve_config(dict(preset="cartpole_muzero", logdir=logdir, server_address=f"unix:{logdir}/s",
+                                 num_simulations=4, torch_threads=1, training_process=False))
+    learner = Learner(config)
+    learner.checkpoint()
+    learner._close()
+    done = seed_eval([f"--logdir={logdir}", "--episodes=2", "--num_envs=2", f"--out={tmp_path / 'eval.json'}"],
+                     str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(tmp_path / "eval.json") as f:
+        report = json.load(f)
+    assert report["episodes"] == 2 and report["agent"] == "muzero"
+    assert report["policy"] == ("gumbel search of 4 simulations without root noise, argmax of the improved policy")
+    assert all(length >= 8 for length in report["lengths"])  # CartPole ends no episode in fewer than 8 steps
+
+
 def test_checkpoint_of_another_agent_or_env(untrained, tmp_path):
     path = checkpoint.checkpoint_path(untrained[0])
     done = seed_eval([f"--checkpoint={path}", "--agent=r2d2", "--episodes=1"], str(tmp_path))
