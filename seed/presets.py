@@ -134,16 +134,15 @@ PRESETS: dict[str, dict[str, Any]] = {
     # and horizons on a model sized for 2 cores (the Table 5 network with 32 channels and the Nature DQN's
     # convolutions as its downsampling: 1.9 s per update against the ResNet torso's 4.4 s on one core,
     # docs/learning/README.md; a 128-unit value-prefix LSTM, supports of 41 / 11 atoms, enough for clipped
-    # rewards), Gumbel MuZero's root selection with 8
-    # simulations (Danihelka et al.: few simulations) and Table 9's 84 x 84 frames; half of each batch reanalysed;
-    # 2 actors x 8 envs (2 evaluate), batches of 8 sequences, each inserted position trained 8 times.
+    # rewards), Gumbel MuZero's root selection with 8 simulations (Danihelka et al.: few simulations) and Table 9's
+    # 84 x 84 frames; half of each batch reanalysed; 2 actors x 8 envs (2 evaluate), batches of 8 sequences, each
+    # inserted position trained 8 times.
     "pong_muzero": dict(
         agent="muzero", env="atari:Pong", atari_minimal_action_set=True, num_actors=2, envs_per_actor=8,
         num_eval_envs=2, inference_batch_size=-1, network="nature", latent_channels=32, lstm_size=128,
-        value_support_size=20,
-        reward_support_size=5, search="gumbel", num_simulations=8, batch_size=8, replay_ratio=8.0,
-        reanalyse_ratio=0.5, replay_capacity=10_000, replay_min_size=100, total_environment_frames=400_000,
-        log_interval_s=30.0, checkpoint_interval_s=300.0,
+        value_support_size=20, reward_support_size=5, search="gumbel", num_simulations=8, batch_size=8,
+        replay_ratio=8.0, reanalyse_ratio=0.5, replay_capacity=10_000, replay_min_size=100,
+        total_environment_frames=400_000, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
 }
 
