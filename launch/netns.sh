@@ -31,7 +31,7 @@ switch_ns() { echo "$1-sw"; }
 is_p2p() { ! ip netns list | grep -qx "$(switch_ns "$1")\( (id: [0-9]*)\)\?"; }
 check_host() {
   [[ $2 =~ ^[0-9]+$ ]] || die "HOST: got '$2', expected a host number (1, 2, ...)"
-  ip netns list | grep -q "^$(host_ns "$1" "$2")\b" || die "HOST: got $2, expected a host of '$1' (no namespace $(host_ns "$1" "$2"))"
+  namespaces_of "$1" | grep -qxF "$(host_ns "$1" "$2")" || die "HOST: got $2, expected a host of '$1' (no namespace $(host_ns "$1" "$2"))"
 }
 # The far end of HOST's cable: (namespace, interface) of the switch port, or the other host's eth0 with --p2p.
 peer_of() {
@@ -77,14 +77,22 @@ poweroff() {
   echo "netns.sh: processes still in $ns after SIGKILL: $(ip netns pids "$ns" | tr '\n' ' ')" >&2
 }
 
+# The namespaces of run NAME: exactly NAME-<number> and NAME-sw (not those of a run NAME-x: NAME-x-1, NAME-x-sw).
+namespaces_of() {
+  ip netns list | awk -v prefix="$1-" '{
+    ns = $1
+    if (index(ns, prefix) == 1) { rest = substr(ns, length(prefix) + 1); if (rest ~ /^([0-9]+|sw)$/) print ns }
+  }'
+}
+
 destroy() {
   local name=${1:?NAME}
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$name-"); do
+  for ns in $(namespaces_of "$name"); do
     [[ $ns == "$(switch_ns "$name")" ]] && continue
     poweroff "$name" "${ns#"$name"-}" || true
   done
   # A namespace is freed with its last process; its veth ends (and their peers) go with it.
-  for ns in $(ip netns list | awk '{print $1}' | grep "^$name-"); do ip netns delete "$ns" || true; done
+  for ns in $(namespaces_of "$name"); do ip netns delete "$ns" || true; done
 }
 
 rate() {
