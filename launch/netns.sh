@@ -39,22 +39,33 @@ peer_of() {
   if is_p2p "$name"; then echo "$(host_ns "$name" $((3 - host))) eth0"; else echo "$(switch_ns "$name") h$host"; fi
 }
 
+# Tests: SEED_NETNS_CREATE_PAUSE_S=S sleeps S seconds after each namespace and link made, so that a signal can be
+# sent at a chosen point of a create (tests/test_netns_cleanup.py).
+made() { [[ -z ${SEED_NETNS_CREATE_PAUSE_S:-} ]] || sleep "$SEED_NETNS_CREATE_PAUSE_S"; }
+
+# create and destroy of one NAME take turns (a lock per NAME, held by every command they start): a destroy run
+# while a create is under way (the reaper of seed/bench/netns_hosts.py, when the process creating is SIGKILLed)
+# waits for the create's last namespace and link, rather than remove the first ones while more are being made.
+LOCK_DIR=/run/seed-netns  # root's own (not /run/lock, which anyone can write: a planted symlink there)
+lock_run() { mkdir -p -m 700 "$LOCK_DIR"; exec 9>"$LOCK_DIR/$1.lock"; flock 9; }
+
 create() {
   local name=${1:?NAME} hosts=${2:?HOSTS} p2p=${3:-}
+  lock_run "$name"
   [[ $hosts =~ ^[0-9]+$ && $hosts -ge 2 && $hosts -le 250 ]] || die "HOSTS: got '$hosts', expected 2..250"
   [[ -z $p2p || ( $p2p == --p2p && $hosts == 2 ) ]] || die "--p2p: got '$p2p' with $hosts hosts, expected --p2p with 2 hosts"
   # Interface names (at most 15 characters) are per namespace, so every host's interface can be eth0.
-  for i in $(seq 1 "$hosts"); do ip netns add "$(host_ns "$name" "$i")"; done
+  for i in $(seq 1 "$hosts"); do ip netns add "$(host_ns "$name" "$i")"; made; done
   if [[ -n $p2p ]]; then
     ip -n "$(host_ns "$name" 1)" link add eth0 type veth peer name eth0 netns "$(host_ns "$name" 2)"
   else
     local sw; sw=$(switch_ns "$name")
-    ip netns add "$sw"
+    ip netns add "$sw"; made
     ip -n "$sw" link add br0 type bridge
     ip -n "$sw" link set br0 up
     for i in $(seq 1 "$hosts"); do
       ip -n "$(host_ns "$name" "$i")" link add eth0 type veth peer name "h$i" netns "$sw"
-      ip -n "$sw" link set "h$i" master br0 up
+      ip -n "$sw" link set "h$i" master br0 up; made
     done
   fi
   for i in $(seq 1 "$hosts"); do
@@ -87,12 +98,14 @@ namespaces_of() {
 
 destroy() {
   local name=${1:?NAME}
+  lock_run "$name"
   for ns in $(namespaces_of "$name"); do
     [[ $ns == "$(switch_ns "$name")" ]] && continue
     poweroff "$name" "${ns#"$name"-}" || true
   done
   # A namespace is freed with its last process; its veth ends (and their peers) go with it.
   for ns in $(namespaces_of "$name"); do ip netns delete "$ns" || true; done
+  rm -f "$LOCK_DIR/$name.lock"
 }
 
 rate() {

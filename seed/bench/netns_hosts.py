@@ -9,6 +9,9 @@ Shared by the test fixture (tests/netns.py) and the soak tool's namespace mode (
     hosts.link(2, "down")                                          # host 2's cable pulled at the switch
     hosts.destroy()                                                # every process, namespace, veth and nft table
 
+The hosts are removed however the process that made them ends: `destroy`, a failed or interrupted `create`, or,
+without either (SIGKILL), a reaper process that `create` starts first and that acts once its maker is gone.
+
 Needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN), iproute2, nftables for `loss`, and a repository checkout (it runs
 launch/netns.sh). Every address is one of the namespaces' own (SUBNET.i); the namespaces have no route anywhere
 else, so no traffic leaves them.
@@ -56,11 +59,42 @@ class NetnsHosts:
     def __init__(self, name: str, count: int, directory: str):
         self.name, self.count, self.directory = name, count, directory
         self.started: list[tuple[subprocess.Popen, str]] = []
+        self._reaper: subprocess.Popen | None = None
+        self._reaper_pipe: int | None = None  # our end: its closing (our exit, however it comes) starts the reaper
 
     def create(self) -> None:
-        """Makes the hosts (first removing any left by an earlier run of the same name); raises if refused."""
+        """Makes the hosts (first removing any left by an earlier run of the same name); raises if refused.
+
+        Nothing is left behind however this process ends, from the first namespace on: a create that fails or is
+        interrupted (SIGTERM's SystemExit, KeyboardInterrupt) removes what it made before raising, and a reaper
+        started first (`_start_reaper`) removes the hosts once this process is gone, SIGKILL included."""
+        self._start_reaper()
         netns("destroy", self.name, check=False)
-        netns("create", self.name, str(self.count))
+        try:
+            netns("create", self.name, str(self.count))
+        except BaseException:
+            netns("destroy", self.name, check=False)
+            raise
+
+    def _start_reaper(self) -> None:
+        """A process in a session of its own that waits for the end of a pipe only this process holds (not
+        inherited by the processes started on the hosts), then runs `launch/netns.sh destroy NAME`: it powers
+        off the hosts' processes and removes the namespaces when this process exits, also when it cannot run a
+        `finally` (SIGKILL). Its own session keeps it out of a Ctrl-C or a kill of this process's group."""
+        if self._reaper is not None:
+            return
+        read_end, write_end = os.pipe()  # not inheritable: only this process holds write_end
+        try:
+            self._reaper = subprocess.Popen(
+                ["sh", "-c", 'read -r _; exec "$0" destroy "$1"', NETNS_SH, self.name], stdin=read_end,
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                env=dict(os.environ, SEED_NETNS_SUBNET=SUBNET))
+        except BaseException:
+            os.close(write_end)
+            raise
+        finally:
+            os.close(read_end)
+        self._reaper_pipe = write_end
 
     def addr(self, host: int) -> str:
         return f"{SUBNET}.{host}"
@@ -122,3 +156,12 @@ class NetnsHosts:
         """Stops every process, then removes every namespace (and with them every veth and nft table)."""
         self.stop_all()
         netns("destroy", self.name, check=False)
+        if self._reaper_pipe is not None:  # the reaper finds nothing left to remove
+            os.close(self._reaper_pipe)
+            self._reaper_pipe = None
+            try:
+                self._reaper.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                self._reaper.kill()
+                self._reaper.wait()
+            self._reaper = None

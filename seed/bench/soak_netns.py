@@ -120,7 +120,8 @@ class NetnsSoak:
                              f"{options.actors_per_host}, expected >= 1 each")
         self.options, self.kinds, self.directory = options, kinds, directory
         self.rng = random.Random(options.seed)
-        self.hosts = NetnsHosts(f"soak{os.getpid() % 100000}", 1 + options.actor_hosts, directory)
+        # The whole pid: a name no other live soak has (its create first destroys any run of that name).
+        self.hosts = NetnsHosts(f"soak{os.getpid()}", 1 + options.actor_hosts, directory)
         self.logdir = os.path.join(directory, "logdir")
         self.token_file = os.path.join(directory, "token")
         self.num_actors = options.actor_hosts * options.actors_per_host
@@ -321,8 +322,8 @@ class NetnsSoak:
             f.write(TOKEN + "\n")
         import seed.checkpoint  # noqa: F401 - torch's import (seconds on a busy machine) kept out of the learner fault
 
-        self.hosts.create()
-        try:
+        try:  # the hosts are removed from their first namespace on (a SIGKILL: by NetnsHosts's reaper)
+            self.hosts.create()
             self._start = time.monotonic()
             self.start_learner()
             for index in range(self.num_actors):
@@ -445,7 +446,8 @@ def main(argv: list[str]) -> None:
     except ValueError as error:
         print(f"soak --hosts=netns: {error}", file=sys.stderr)
         sys.exit(2)
-    # SIGTERM (a test's timeout, a CI job cancelled) ends the run through run()'s `finally`: no host left behind.
+    # SIGTERM (a test's timeout, a CI job cancelled) ends the run through run()'s `finally`: no host left behind
+    # (after a SIGKILL, NetnsHosts's reaper removes them: tests/test_netns_cleanup.py).
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(f"soak --hosts=netns: SIGTERM (signal {signum})"))
     report = soak.run()
     os.makedirs(os.path.dirname(os.path.abspath(FLAGS.out)), exist_ok=True)
