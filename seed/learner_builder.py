@@ -32,6 +32,7 @@ from seed.learner_checkpoint import LearnerCheckpointer, restore_rng_states, res
 from seed.learner_metrics import EpisodeRecorder
 from seed.learner_supervision import LearnerSupervision
 from seed.metrics import LearnerMetrics, MetricsWriter
+from seed.metrics_sinks import SinkSettings
 from seed.priority_refresh import PriorityRefresher, make_priority_refresher
 from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
 from seed.serving.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
@@ -42,7 +43,7 @@ from seed.sync_gate import RolloutGate
 from seed.training import make_optimizer
 from seed.training_loop import TrainingLoop
 from seed.training_process import TrainingProcess
-from seed.transport import TransportSecurity, listen_addresses
+from seed.transport import REDACTED, TransportSecurity, listen_addresses
 
 
 @dataclasses.dataclass
@@ -192,7 +193,10 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     supervision = LearnerSupervision(stop, serving, inference_threads, sink, experience, priority_refresher,
                                      training_process, channels.close)
     # Football's shaped rewards differ from its score (goals): show both.
-    writer = MetricsWriter(config.logdir, show_raw_return=spec.name.startswith("football:"))
+    config_values = {**dataclasses.asdict(config), "auth_token": REDACTED if config.auth_token else ""}
+    writer = MetricsWriter.open(SinkSettings(config.logdir, config_values,
+                                             show_raw_return=spec.name.startswith("football:")))
+    writer.write_config(config_values)
     checkpointer = LearnerCheckpointer(config, metrics, experience)
     training_loop = TrainingLoop(config, agent, optimizer, experience, inferences, metrics, training_process,
                                  checkpointer, stop)

@@ -1,5 +1,5 @@
-"""Learner metrics: thread-safe accumulation, and one row per log interval to stdout, metrics.jsonl and
-TensorBoard (event files in the logdir).
+"""Learner metrics: thread-safe accumulation, and one row per log interval handed to every metrics sink
+(seed/metrics_sinks.py: stdout, metrics.jsonl, TensorBoard event files in the logdir, ...).
 
 Frames are env frames (agent steps x action repeat). Latencies are learner-side: request arrival at the
 learner to the reply, in milliseconds.
@@ -8,14 +8,13 @@ learner to the reply, in milliseconds.
 from __future__ import annotations
 
 import collections
-import json
 import math
-import os
 import threading
-import time
 from typing import Any
 
 import numpy as np
+
+from seed.metrics_sinks import MetricsSink, SinkSettings, open_sinks, warn_dropped
 
 
 class LearnerMetrics:
@@ -132,53 +131,40 @@ class LearnerMetrics:
 
 
 class MetricsWriter:
-    """Writes rows to stdout (one progress line), `<logdir>/metrics.jsonl` and TensorBoard."""
+    """Hands each row to every sink (seed/metrics_sinks.py; by default, in this order: `<logdir>/metrics.jsonl`,
+    the progress line on stdout, TensorBoard), with its env frames as the step. A sink that raises is dropped
+    with one warning naming it and the error; the other sinks, and training, go on."""
 
-    def __init__(self, logdir: str, show_raw_return: bool = False):
-        self.path = os.path.join(logdir, "metrics.jsonl")
-        self.show_raw_return = show_raw_return
-        self._tensorboard = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
+    def __init__(self, sinks: list[MetricsSink]):
+        self.sinks = list(sinks)
+        self._lock = threading.Lock()  # the metrics-logger thread writes rows; others may write videos
 
-            self._tensorboard = SummaryWriter(logdir)
-        except ImportError:  # tensorboard is a dependency; stay usable without it
-            pass
+    @classmethod
+    def open(cls, settings: SinkSettings, names: list[str] | None = None) -> MetricsWriter:
+        """The sinks of `names` (default: every registered one) that are on for `settings`."""
+        return cls(open_sinks(settings, names))
 
     def write(self, row: dict[str, Any]) -> None:
+        """One row; non-finite floats become None (JSON has no NaN) before any sink sees it."""
         clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(clean) + "\n")
-        print(progress_line(clean, self.show_raw_return), flush=True)
-        if self._tensorboard is not None:
-            step = int(clean["env_frames"])
-            for key, value in clean.items():
-                if isinstance(value, (int, float)) and not isinstance(value, bool) and key != "env_frames":
-                    self._tensorboard.add_scalar(key, value, step)
-            self._tensorboard.flush()
+        self._each("write", clean, int(clean["env_frames"]))
+
+    def write_config(self, config: dict[str, Any]) -> None:
+        self._each("write_config", config)
+
+    def write_video(self, path: str, step: int) -> None:
+        """A video file recorded at `step` env frames."""
+        self._each("write_video", path, step)
 
     def close(self) -> None:
-        if self._tensorboard is not None:
-            self._tensorboard.close()
+        self._each("close")
+        self.sinks = []
 
-
-def progress_line(row: dict[str, Any], show_raw_return: bool = False) -> str:
-    fmt = lambda v, spec: "-" if v is None else format(v, spec)
-    line = (f"[learner {time.strftime('%H:%M:%S')}] frames={row['env_frames']:,} "
-            f"fps={fmt(row['env_frames_per_sec'], ',.0f')} train_steps={row['train_steps']:,} "
-            f"({fmt(row.get('train_steps_per_sec'), '.1f')}/s) episodes={row['episodes']:,} "
-            f"return={fmt(row['episode_return_mean'], '.1f')}")
-    # Optional parts: the raw score (football goals), eval envs, replay.
-    if show_raw_return and row.get("episode_raw_return_mean") is not None:
-        line += f" score={row['episode_raw_return_mean']:.2f}"
-    if row.get("eval/return_running_mean_100") is not None:
-        line += f" eval_mean100={row['eval/return_running_mean_100']:.2f} ({row['eval/episodes']} eps)"
-    if show_raw_return and row.get("eval/score_running_mean_100") is not None:
-        line += f" eval_score100={row['eval/score_running_mean_100']:.2f}"
-    line += (f" batch={fmt(row['inference_batch_size_mean'], '.1f')}"
-             f" latency_p50={fmt(row['inference_latency_ms_p50'], '.2f')}ms")
-    if "replay_size" in row:
-        line += f" replay={row['replay_size']:,} ({row['replay_bytes'] / 2**20:,.0f} MiB)"
-    else:
-        line += f" queue={row.get('queue_size', '-')}"
-    return line
+    def _each(self, method: str, *args: Any) -> None:
+        with self._lock:
+            for sink in list(self.sinks):
+                try:
+                    getattr(sink, method)(*args)
+                except Exception as error:  # noqa: BLE001 - a failing sink must not stop training
+                    self.sinks.remove(sink)
+                    warn_dropped(sink.name, method, error)
