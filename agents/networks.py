@@ -135,6 +135,35 @@ class SmallDQNTorso(_ConvFcTorso):
         super().__init__(in_channels, frame_shape, width, fc_size)
 
 
+class MinAtarTorso(nn.Module):
+    """The MinAtar paper's network body (Young & Tian 2019): one 3x3 convolution with 16 filters, stride 1, valid
+    (10 x 10 -> 8 x 8), ReLU, then fc 128 ReLU. About 0.17M multiply-adds per 10 x 10 x 4 state.
+
+    Input: MinAtar states [N, 10, 10, C] (channel last, as the env sends them), or [N, S, 10, 10, C] with a frame
+    stack of S (the S x C planes become the input channels); bool or 0/1 values, read as 0/1 floats (no 1/255
+    scaling: they are not pixels). Output [N, 128]. PyTorch's default init, as the paper's code.
+    """
+
+    def __init__(self, frame_shape: tuple[int, int, int], frame_stack: int = 1, filters: int = 16,
+                 fc_size: int = 128):
+        super().__init__()
+        if len(frame_shape) != 3:
+            raise ValueError(f"--network=minatar: needs [H, W, C] states, got observation shape {tuple(frame_shape)}")
+        height, width, channels = frame_shape
+        self.frame_shape = tuple(frame_shape)
+        self.conv = nn.Conv2d(channels * frame_stack, filters, 3, stride=1)
+        self.fc = nn.Linear(filters * (height - 2) * (width - 2), fc_size)
+        self.output_size = fc_size
+
+    def forward(self, observation: torch.Tensor) -> torch.Tensor:
+        x = observation.float()
+        if x.dim() == 5:  # [N, S, H, W, C] -> [N, S, C, H, W]; S x C planes
+            x = x.permute(0, 1, 4, 2, 3).flatten(1, 2)
+        else:  # [N, H, W, C] -> [N, C, H, W]
+            x = x.permute(0, 3, 1, 2)
+        return F.relu(self.fc(F.relu(self.conv(x)).flatten(1)))
+
+
 class _ResidualBlock(nn.Module):
     def __init__(self, channels: int):
         super().__init__()
@@ -246,8 +275,8 @@ class AgentBody(nn.Module):
 
     Args:
       spec: the env spec (single-frame observation shape, frame stack, actions).
-      network: "mlp", "nature", "dqn_small" or "impala_deep" (images), or "football" / "football_small" (packed
-        SMM planes).
+      network: "mlp", "nature", "dqn_small" or "impala_deep" (images), "football" / "football_small" (packed
+        SMM planes), or "minatar" (MinAtar's [10, 10, C] states).
       width: filter multiplier for image torsos.
       use_lstm, lstm_size: the recurrent core.
       mlp_sizes: hidden sizes of the MLP torso.
@@ -309,6 +338,8 @@ def make_torso(spec: EnvSpec, network: str, width: int, mlp_sizes: tuple[int, ..
         from seed.envs.football_network import SmallFootballTorso
 
         return SmallFootballTorso(shape, width)
+    if network == "minatar":
+        return MinAtarTorso(shape, spec.frame_stack)
     if len(shape) not in (2, 3):
         raise ValueError(f"--network={network}: needs image observations [H, W] or [H, W, C], got shape {shape}")
     if len(shape) == 3:
@@ -319,5 +350,5 @@ def make_torso(spec: EnvSpec, network: str, width: int, mlp_sizes: tuple[int, ..
         return SmallDQNTorso(spec.frame_stack, shape, width)
     if network == "impala_deep":
         return ImpalaDeepTorso(spec.frame_stack, shape, width)
-    raise ValueError(f"--network: got {network!r}, expected mlp, nature, dqn_small, impala_deep, football or "
-                     "football_small")
+    raise ValueError(f"--network: got {network!r}, expected mlp, nature, dqn_small, impala_deep, football, "
+                     "football_small or minatar")

@@ -1,4 +1,4 @@
-"""Environment families. `--env=FAMILY:NAME` picks one, e.g. `gym:CartPole-v1`, `atari:Pong`.
+"""Environment families. `--env=FAMILY:NAME` picks one, e.g. `gym:CartPole-v1`, `atari:Pong`, `minatar:breakout`.
 
 Every family module defines:
 
@@ -16,7 +16,7 @@ from typing import Any
 
 from seed.envs.base import EnvBatch, EnvSpec
 
-FAMILIES = ("gym", "atari", "football", "fake")
+FAMILIES = ("gym", "atari", "football", "minatar", "fake")
 
 
 def split_env_name(env: str) -> tuple[str, str]:

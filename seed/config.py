@@ -42,6 +42,9 @@ class EnvOptions:
     fake_episode_length: int = _field(100, "fake: agent steps per episode.")
     smm_size: str = _field("default", "Football: super mini map size, default|medium|large.")
     football_rewards: str = _field("scoring", "Football: scoring or scoring,checkpoints.")
+    minatar_sticky_actions: float = _field(0.1, "MinAtar: probability of repeating the previous action (its 0.1).")
+    minatar_difficulty_ramping: bool = _field(True, "MinAtar: the games speed up over an episode (its default).")
+    minatar_minimal_action_set: bool = _field(False, "MinAtar: the game's own actions instead of all 6.")
 
     def env_options(self) -> dict[str, Any]:
         """The options dict env families receive (everything but preset, env, envs_per_actor and env_groups)."""

@@ -63,12 +63,15 @@ def default_config(env_family: str) -> dict[str, Any]:
                     grad_clip_norm=10.0, priority_exponent=0.6, importance_sampling_exponent=0.4,
                     replay_capacity=5_000, replay_min_size=20, replay_ratio=8.0, target_update_interval=100,
                     td_age_updates=0, visit_temperature=1.0, total_environment_frames=1e6, log_interval_s=5.0)
+    if env_family == "minatar":  # the gym settings on the ResNet model at MinAtar's 10 x 10 (no downsampling)
+        return dict(default_config("gym"), network="minatar", latent_channels=32, lstm_size=128)
     return {}
 
 
 def make_network(spec: EnvSpec, config: LearnerConfig) -> MuZeroNetwork:
     """The MLP variant for vector observations, the ResNet variant for image frames (`--network=auto`);
-    `--network=nature` is the ResNet variant with the Nature DQN's convolutions as its downsampling (for CPUs)."""
+    `--network=nature` is the ResNet variant with the Nature DQN's convolutions as its downsampling (for CPUs),
+    `--network=minatar` the ResNet variant without downsampling on MinAtar's 10 x 10 x C states."""
     network = config.network
     if network == "auto":
         network = "mlp" if len(spec.observation_shape) == 1 else "resnet"
@@ -77,14 +80,16 @@ def make_network(spec: EnvSpec, config: LearnerConfig) -> MuZeroNetwork:
         return MLPMuZeroNetwork(math.prod(spec.observation_shape) * spec.frame_stack, spec.num_actions, hidden,
                                 config.latent_size, config.lstm_size, config.value_support_size,
                                 config.reward_support_size)
-    if network in ("resnet", "nature"):
-        if len(spec.observation_shape) != 2:
-            raise ValueError(f"--network={network}: needs [H, W] frames, got observation shape "
+    if network in ("resnet", "nature", "minatar"):
+        expected = "[H, W, C] MinAtar states" if network == "minatar" else "[H, W] frames"
+        if len(spec.observation_shape) != (3 if network == "minatar" else 2):
+            raise ValueError(f"--network={network}: needs {expected}, got observation shape "
                              f"{spec.observation_shape}")
         return ResNetMuZeroNetwork(tuple(spec.observation_shape), spec.frame_stack, spec.num_actions,
                                    config.latent_channels, 1, config.lstm_size, config.value_support_size,
                                    config.reward_support_size, torso=network)
-    raise ValueError(f"--network: got {config.network!r}, expected auto, mlp, resnet or nature with --agent=muzero")
+    raise ValueError(f"--network: got {config.network!r}, expected auto, mlp, resnet, nature or minatar with "
+                     "--agent=muzero")
 
 
 def check_config(config: LearnerConfig) -> None:

@@ -3,7 +3,8 @@ LSTM, prediction, and the SimSiam projection and predictor of the self-supervise
 
 Two variants share one interface:
   MLP (vector observations, CartPole): latent [N, D].
-  ResNet (image frames, Atari): EfficientZero's downsampling residual network, latent [N, C, H/16, W/16].
+  ResNet (image frames, Atari): EfficientZero's downsampling residual network, latent [N, C, H/16, W/16]; on
+    MinAtar's 10 x 10 states the same network without downsampling, latent [N, C, 10, 10].
 
 Every latent state is min-max normalised to [0, 1] per sample (MuZero's appendix), after the representation and
 after every dynamics step. Values and value prefixes are categorical over the atoms -S..S of the transformed
@@ -185,15 +186,18 @@ class ResidualBlock(nn.Module):
 
 
 class ResNetMuZeroNetwork(MuZeroNetwork):
-    """Frames [N, S, H, W] (uint8): EfficientZero's network of SpeedyZero Table 5, with `channels` (64 there) and
-    `blocks` (1) as parameters and each stacked grayscale frame one input plane.
+    """Frames [N, S, H, W] (uint8) or MinAtar states [N, S, H, W, C]: EfficientZero's network of SpeedyZero Table 5,
+    with `channels` (64 there) and `blocks` (1) as parameters and each stacked grayscale frame one input plane.
 
     Representation: conv 3x3/2 (channels / 2) BN ReLU, residual block, residual downsample block /2 (channels),
     residual block, avg-pool /2, residual block, avg-pool /2, `blocks` residual blocks: [N, C, H/16, W/16] (6 x 6
     from 84 or 96). With `torso="nature"` the downsampling is the Nature DQN's three convolutions instead (32 8x8/4,
     64 4x4/2, `channels` 3x3/1, each BN ReLU; 7 x 7 from 84), about a quarter of the multiply-adds per frame, for
-    CPU learners. Dynamics: the latent with the action as a plane (a / A), conv 3x3 BN, + the latent, ReLU,
-    `blocks` residual blocks. Prediction: `blocks` residual blocks, then per head conv 1x1 (16) BN ReLU, fc 32
+    CPU learners. With `torso="minatar"` the frames are MinAtar states [N, S, 10, 10, C] (bool, channel last; the
+    S x C planes are the input) and nothing downsamples: conv 3x3/1 (channels) BN ReLU and a residual block, so
+    with the `blocks` after it the latent is [N, channels, 10, 10].
+    Dynamics: the latent with the action as a plane (a / A), conv 3x3 BN, + the latent, ReLU, `blocks` residual
+    blocks. Prediction: `blocks` residual blocks, then per head conv 1x1 (16) BN ReLU, fc 32
     ReLU, fc. Value prefix: conv 1x1 (16) BN ReLU, LSTM, BN ReLU, fc 32 BN ReLU, fc.
     """
 
@@ -217,8 +221,12 @@ class ResNetMuZeroNetwork(MuZeroNetwork):
             self.downsample = nn.Sequential(
                 nn.Conv2d(32, 64, 4, stride=2, bias=False), nn.BatchNorm2d(64), nn.ReLU(),
                 nn.Conv2d(64, channels, 3, stride=1, bias=False), nn.BatchNorm2d(channels), nn.ReLU())
+        elif torso == "minatar":  # MinAtar's 10 x 10 states keep their size: no downsampling
+            self.stem = nn.Conv2d(frame_stack * frame_shape[-1], channels, 3, stride=1, padding=1, bias=False)
+            self.stem_norm = nn.BatchNorm2d(channels)
+            self.downsample = ResidualBlock(channels)
         else:
-            raise ValueError(f"torso: got {torso!r}, expected resnet or nature")
+            raise ValueError(f"torso: got {torso!r}, expected resnet, nature or minatar")
         self.representation_blocks = nn.Sequential(*[ResidualBlock(channels) for _ in range(blocks)])
         self.dynamics_conv = nn.Conv2d(channels + 1, channels, 3, padding=1, bias=False)
         self.dynamics_norm = nn.BatchNorm2d(channels)
@@ -243,6 +251,8 @@ class ResNetMuZeroNetwork(MuZeroNetwork):
                                           predictor_hidden)
 
     def _downsampled(self, observation: torch.Tensor) -> torch.Tensor:
+        if observation.dim() == 5:  # MinAtar states [N, S, H, W, C] -> S x C input planes [N, S C, H, W]
+            observation = observation.permute(0, 1, 4, 2, 3).flatten(1, 2)
         return self.downsample(F.relu(self.stem_norm(conv_on_frames(self.stem, observation))))
 
     def represent(self, observation: torch.Tensor) -> torch.Tensor:

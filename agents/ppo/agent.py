@@ -41,6 +41,9 @@ def default_config(env_family: str) -> dict[str, Any]:
     if env_family == "football":
         return dict(common, network="football_small", learning_rate=3.43e-4, entropy_cost=0.01, discounting=0.993,
                     grad_clip_norm=0.5, ppo_epochs=2, ppo_minibatches=8)
+    if env_family == "minatar":  # the Atari recipe (CleanRL's) on the MinAtar paper's network, rewards unclipped
+        return dict(common, network="minatar", learning_rate=2.5e-4, entropy_cost=0.01, discounting=0.99,
+                    grad_clip_norm=0.5, ppo_clip=0.2, ppo_epochs=4, ppo_minibatches=4)
     if env_family == "fake":
         return dict(common, sync_every=20)
     return {}

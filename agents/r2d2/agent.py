@@ -44,6 +44,10 @@ def default_config(env_family: str) -> dict[str, Any]:
                     batch_size=32, learning_rate=1e-3, adam_epsilon=1e-3, discounting=0.99, n_steps=3,
                     replay_capacity=4000, replay_min_size=100, replay_ratio=4.0, target_update_interval=100,
                     grad_clip_norm=40.0, total_environment_frames=1e6, log_interval_s=5.0)
+    if env_family == "minatar":  # the MinAtar paper's network (its DQN's lr 2.5e-4, gamma 0.99) with a small LSTM
+        return dict(network="minatar", use_lstm=True, lstm_size=128, unroll_length=20, burn_in=5, batch_size=32,
+                    learning_rate=2.5e-4, adam_epsilon=1e-5, discounting=0.99, n_steps=3, replay_capacity=10_000,
+                    replay_min_size=200, replay_ratio=2.0, target_update_interval=250, grad_clip_norm=40.0)
     if env_family == "football":
         return dict(network="football", use_lstm=True, lstm_size=256, unroll_length=32, burn_in=8,
                     replay_capacity=20_000, replay_min_size=500, discounting=0.997, learning_rate=1e-4,

@@ -33,6 +33,9 @@ def default_config(env_family: str) -> dict[str, Any]:
     if env_family == "football":
         return dict(network="football", use_lstm=False, unroll_length=32, batch_size=32, inference_batch_size=64,
                     learning_rate=5.53e-5, entropy_cost=3.19e-5, discounting=0.997, lambda_=0.9)
+    if env_family == "minatar":  # the MinAtar paper's network (no LSTM, as its actor-critic); gym's batch sizes
+        return dict(network="minatar", use_lstm=False, unroll_length=20, batch_size=16, learning_rate=6e-4,
+                    entropy_cost=0.01, discounting=0.99, grad_clip_norm=40.0)
     if env_family == "fake":
         return dict(unroll_length=20, batch_size=16, use_lstm=False)
     return {}
