@@ -88,6 +88,8 @@ setup(
     extras_require={
         "atari": ["ale-py>=0.12", "opencv-python-headless"],
         "football": ["gym==0.25.2", "six"],
+        # --env=minatar:*; minatar also pulls pandas, scipy and seaborn (its display code, never imported here).
+        "minatar": ["minatar"],
         # seed-eval --video: imageio writes the frames, imageio-ffmpeg ships an ffmpeg binary for MP4, pygame
         # draws gymnasium's classic-control screens (CartPole's rgb_array render).
         "video": ["imageio", "imageio-ffmpeg", "pygame"],
