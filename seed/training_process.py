@@ -122,16 +122,69 @@ def _name_process(name: str) -> None:
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
 
 
-def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, train_steps: int,
-                parameters: SharedParameters | None, progress: TrainingProgress | None, learner_pid: int, commands,
-                results, rank: int = 0, world: int = 1, store_port: int = 0) -> None:
+@dataclasses.dataclass(frozen=True)
+class TrainingProcessSpec:
+    """What one training process (one rank) starts from: plain values, pickled into the spawned child.
+
+    Attributes:
+      config, spec: the learner's.
+      initial_state: the agent's and optimizer's state dicts (`to_bytes`), the child's starting point.
+      train_steps: updates made so far (the child numbers its updates on from here).
+      learner_pid: the learner's pid (the child dies with it).
+      rank, world: this process's rank among the `world` training processes (--training_devices; 0 of 1
+        without); it trains on the device of its rank.
+      store_port: the learner's TCPStore port where the ranks meet (0 when `world` is 1).
+    """
+
+    config: LearnerConfig
+    spec: EnvSpec
+    initial_state: bytes
+    train_steps: int
+    learner_pid: int
+    rank: int = 0
+    world: int = 1
+    store_port: int = 0
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingLinks:
+    """What a training process shares with the learner (handles to pipes and shared memory, not copies).
+
+    Attributes:
+      commands: the receive end of the learner's command pipe ("slots", "batch", "state", "stop").
+      results: rank 0: the send end of the pipe its updates, dropped batches and states go back through; ranks
+        1..N-1: None (rank 0 reports for them all).
+      parameters: rank 0: the shared parameters it publishes after every update; ranks 1..N-1: None.
+      progress: rank 0: the progress record the learner watches (seed/training_liveness.py); ranks 1..N-1: None.
+    """
+
+    commands: Any
+    results: Any = None
+    parameters: SharedParameters | None = None
+    progress: TrainingProgress | None = None
+
+
+def _child_main(spec: TrainingProcessSpec, links: TrainingLinks) -> None:
     """The training process: trains on each batch slot it is sent and publishes after every update.
 
     With --training_devices (`world` > 1) every rank runs this; rank 0 publishes, reports updates and answers for
-    the state, ranks 1..N-1 (`parameters`, `progress` and `results` None) only train, on the device of their rank.
+    the state, ranks 1..N-1 only train, on the device of their rank.
     """
-    die_with_parent(learner_pid)
-    from seed.agents import agent_module
+    device, shard = _set_up_process(spec)
+    progress = links.progress
+    if progress is None:  # ranks 1..N-1: rank 0 reports for them all (it waits for them in every update)
+        progress = TrainingProgress(spec.config.training_process_timeout_s)
+    agent, optimizer = _build_agent(spec, device)
+    trainer = _Trainer(spec, links, progress, agent, optimizer, device, shard)
+    _command_loop(links.commands, trainer)
+
+
+def _set_up_process(spec: TrainingProcessSpec) -> tuple[torch.device, data_parallel.Shard | None]:
+    """The child's process settings: dies with the learner, ignores the stop signals, dumps its stacks on SIGUSR2,
+    its threads and allocator, its seed; with --training_devices, joins the ranks' group. Returns its device and
+    its share of each batch (None without --training_devices)."""
+    config, rank, world = spec.config, spec.rank, spec.world
+    die_with_parent(spec.learner_pid)
     from seed.host_memory import keep_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop (Ctrl-C reaches the group)
@@ -143,100 +196,149 @@ def _child_main(config: LearnerConfig, spec: EnvSpec, initial_state: bytes, trai
         keep_freed_memory()
     torch.manual_seed(config.seed + 1)
     device = torch.device(devices[rank])
-    shard = None
-    if world > 1:
-        _name_process(f"seed-train-r{rank}")
-        if device.type == "cuda":
-            torch.cuda.set_device(device)
-        group_timeout_s = liveness.FIRST_UPDATE_FACTOR * config.training_process_timeout_s
-        data_parallel.init_group(devices[rank], rank, world,
-                                 data_parallel.connect_store(store_port, group_timeout_s), group_timeout_s)
-        shard = data_parallel.Shard(rank, world)
-    if progress is None:  # ranks 1..N-1: rank 0 reports for them all (it waits for them in every update)
-        progress = TrainingProgress(config.training_process_timeout_s)
-    agent_state, optimizer_state = from_bytes(initial_state)
-    agent = agent_module(config.agent).Agent(spec, config)
+    if world == 1:
+        return device, None
+    _name_process(f"seed-train-r{rank}")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    group_timeout_s = liveness.FIRST_UPDATE_FACTOR * config.training_process_timeout_s
+    data_parallel.init_group(devices[rank], rank, world,
+                             data_parallel.connect_store(spec.store_port, group_timeout_s), group_timeout_s)
+    return device, data_parallel.Shard(rank, world)
+
+
+def _build_agent(spec: TrainingProcessSpec, device: torch.device) -> tuple[Any, torch.optim.Optimizer]:
+    """The learner's agent and optimizer, rebuilt from `spec.initial_state` on `device`."""
+    from seed.agents import agent_module
+
+    agent_state, optimizer_state = from_bytes(spec.initial_state)
+    agent = agent_module(spec.config.agent).Agent(spec.spec, spec.config)
     agent.load_state_dict(agent_state)
     agent.to(device)
-    optimizer = make_optimizer(agent, config)
+    optimizer = make_optimizer(agent, spec.config)
     optimizer.load_state_dict(optimizer_state)  # moves the moments to the parameters' device
-    timeout_s = config.training_process_timeout_s
-    fault = TrainingFault.from_environment()
-    slowest_update_s = 0.0
-    lock_wait_reported = -1  # the update whose long wait for the lock was reported
+    return agent, optimizer
 
-    def wait_for_learner(waited_s: float) -> None:
-        """While the learner holds the parameter lock: it is alive (else the kernel would have released the lock
-        and killed us), so wait; say so once after `timeout_s`."""
-        if os.getppid() != learner_pid:  # no parent-death signal on this platform
-            print(f"[training process] the learner (pid {learner_pid}) is gone: exiting", file=sys.stderr,
-                  flush=True)
-            os._exit(1)
-        nonlocal lock_wait_reported
-        if waited_s >= timeout_s and lock_wait_reported != train_steps:
-            lock_wait_reported = train_steps
-            print(f"[training process] update {train_steps}: waiting {waited_s:.0f} s for the parameter lock, held "
-                  f"by the learner (pid {learner_pid})", file=sys.stderr, flush=True)
 
-    slots: list[Unroll] = []
+def _command_loop(commands: Any, trainer: _Trainer) -> None:
+    """Hands the learner's commands to `trainer` one at a time, reporting idle while none comes, until the
+    learner says stop or is gone (its end of the pipe closed)."""
     while True:
-        progress.report(liveness.IDLE, train_steps, timeout_s)
+        trainer.report_idle()
         try:
             if not commands.poll(liveness.REPORT_INTERVAL_S):
                 continue
             command = commands.recv()
         except EOFError:  # the learner is gone
             return
+        if not trainer.handle(command):
+            return
+
+
+class _Trainer:
+    """The child's agent and optimizer and its handling of one command at a time.
+
+    Keeps the update count (`train_steps`), the batch slots, and the slowest update so far (it sets the next
+    update's deadline, seed/training_liveness.py).
+    """
+
+    def __init__(self, spec: TrainingProcessSpec, links: TrainingLinks, progress: TrainingProgress, agent: Any,
+                 optimizer: torch.optim.Optimizer, device: torch.device, shard: data_parallel.Shard | None):
+        self.config = spec.config
+        self.learner_pid = spec.learner_pid
+        self.results, self.parameters, self.progress = links.results, links.parameters, progress
+        self.agent, self.optimizer, self.device, self.shard = agent, optimizer, device, shard
+        self.train_steps = spec.train_steps
+        self.timeout_s = spec.config.training_process_timeout_s
+        self.fault = TrainingFault.from_environment()
+        self.slowest_update_s = 0.0
+        self.lock_wait_reported = -1  # the update whose long wait for the lock was reported
+        self.slots: list[Unroll] = []
+
+    def report_idle(self) -> None:
+        self.progress.report(liveness.IDLE, self.train_steps, self.timeout_s)
+
+    def handle(self, command: tuple) -> bool:
+        """Carries out one command; False once told to stop."""
         kind = command[0]
         if kind == "slots":
-            slots = command[1]
+            self.slots = command[1]
         elif kind == "batch":
             _, slot, importance_weights = command
-            progress.report(liveness.TRAINING, train_steps + 1, step_allowance_s(timeout_s, slowest_update_s))
-            if fault.due("step_hangs", train_steps + 1):
-                fault.sleep_forever("training process")
-            start = time.perf_counter()
-            weights = None if importance_weights is None else torch.from_numpy(importance_weights).to(device)
-            # Ranks: the last collective of the update (gradients, priorities) follows every rank's last read of
-            # the slot, so rank 0's answer frees it for them all.
-            result = train_on_batch(agent, optimizer, TrainingBatch(slots[slot].to(device), weights), config,
-                                    train_steps, shard)
-            step_ms = (time.perf_counter() - start) * 1e3
-            if not result.trained:
-                progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
-                if results is not None:
-                    results.send(("dropped", slot))
-                continue
-            train_steps += 1
-            agent.after_update(train_steps)
-            if shard is not None and train_steps % data_parallel.SYNC_CHECK_EVERY == 0:
-                shard.check_in_sync(agent.network, train_steps)
-            if results is None:  # ranks 1..N-1: rank 0 publishes
-                continue
-            slowest_update_s = max(slowest_update_s, time.perf_counter() - start)
-            result.values["training_process/step_ms"] = step_ms
-            priorities = (None if result.priorities is None
-                          else result.priorities.detach().cpu().double().numpy())
-            progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
-            publish_start = time.perf_counter()
-            with parameters.writing(train_steps, wait_for_learner) as shared:
-                progress.report(liveness.COPYING, train_steps, timeout_s)
-                _copy_parameters(shared, agent.network)
-                if fault.due("child_dies_writing", train_steps):
-                    results.send(("step", slot, train_steps, result.values, priorities))
-                    fault.sleep_forever("training process")
-            result.values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
-            progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
-            results.send(("step", slot, train_steps, result.values, priorities))
+            self._train(slot, importance_weights)
         elif kind == "state":
-            progress.report(liveness.WRITING_STATE, train_steps, timeout_s)
-            state = to_bytes(agent.state_dict(), optimizer.state_dict())
-            progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
-            results.send(("state", state))
+            self._send_state()
         elif kind == "stop":
-            return
+            return False
         else:
             raise ValueError(f"training process command: got {kind!r}, expected slots, batch, state or stop")
+        return True
+
+    def _train(self, slot: int, importance_weights: np.ndarray | None) -> None:
+        """One update on the batch in `slot`; rank 0 then publishes it (ranks 1..N-1 only train)."""
+        progress, fault = self.progress, self.fault
+        progress.report(liveness.TRAINING, self.train_steps + 1, step_allowance_s(self.timeout_s,
+                                                                                   self.slowest_update_s))
+        if fault.due("step_hangs", self.train_steps + 1):
+            fault.sleep_forever("training process")
+        start = time.perf_counter()
+        weights = None if importance_weights is None else torch.from_numpy(importance_weights).to(self.device)
+        # Ranks: the last collective of the update (gradients, priorities) follows every rank's last read of the
+        # slot, so rank 0's answer frees it for them all.
+        result = train_on_batch(self.agent, self.optimizer,
+                                TrainingBatch(self.slots[slot].to(self.device), weights), self.config,
+                                self.train_steps, self.shard)
+        step_ms = (time.perf_counter() - start) * 1e3
+        if not result.trained:
+            progress.report(liveness.WAITING_FOR_LEARNER, self.train_steps, math.inf)
+            if self.results is not None:
+                self.results.send(("dropped", slot))
+            return
+        self.train_steps += 1
+        self.agent.after_update(self.train_steps)
+        if self.shard is not None and self.train_steps % data_parallel.SYNC_CHECK_EVERY == 0:
+            self.shard.check_in_sync(self.agent.network, self.train_steps)
+        if self.results is None:  # ranks 1..N-1: rank 0 publishes
+            return
+        self.slowest_update_s = max(self.slowest_update_s, time.perf_counter() - start)
+        result.values["training_process/step_ms"] = step_ms
+        priorities = None if result.priorities is None else result.priorities.detach().cpu().double().numpy()
+        self._publish(slot, result.values, priorities)
+
+    def _publish(self, slot: int, values: dict[str, float], priorities: np.ndarray | None) -> None:
+        """Rank 0: the new parameters into the shared copy, then the update's report to the learner."""
+        progress, fault, train_steps = self.progress, self.fault, self.train_steps
+        progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
+        publish_start = time.perf_counter()
+        with self.parameters.writing(train_steps, self._wait_for_learner) as shared:
+            progress.report(liveness.COPYING, train_steps, self.timeout_s)
+            _copy_parameters(shared, self.agent.network)
+            if fault.due("child_dies_writing", train_steps):
+                self.results.send(("step", slot, train_steps, values, priorities))
+                fault.sleep_forever("training process")
+        values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
+        progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
+        self.results.send(("step", slot, train_steps, values, priorities))
+
+    def _wait_for_learner(self, waited_s: float) -> None:
+        """While the learner holds the parameter lock: it is alive (else the kernel would have released the lock
+        and killed us), so wait; say so once after `timeout_s`."""
+        learner_pid = self.learner_pid
+        if os.getppid() != learner_pid:  # no parent-death signal on this platform
+            print(f"[training process] the learner (pid {learner_pid}) is gone: exiting", file=sys.stderr,
+                  flush=True)
+            os._exit(1)
+        if waited_s >= self.timeout_s and self.lock_wait_reported != self.train_steps:
+            self.lock_wait_reported = self.train_steps
+            print(f"[training process] update {self.train_steps}: waiting {waited_s:.0f} s for the parameter lock, "
+                  f"held by the learner (pid {learner_pid})", file=sys.stderr, flush=True)
+
+    def _send_state(self) -> None:
+        """The agent's and optimizer's state dicts, by value, to the learner (a checkpoint)."""
+        self.progress.report(liveness.WRITING_STATE, self.train_steps, self.timeout_s)
+        state = to_bytes(self.agent.state_dict(), self.optimizer.state_dict())
+        self.progress.report(liveness.WAITING_FOR_LEARNER, self.train_steps, math.inf)
+        self.results.send(("state", state))
 
 
 class TrainingProcess:
@@ -270,10 +372,10 @@ class TrainingProcess:
         world = len(self.devices)
         self._store = data_parallel.serve_store(liveness.FIRST_UPDATE_FACTOR * self.timeout_s) if world > 1 else None
         port = 0 if self._store is None else self._store.port
+        rank_zero = TrainingProcessSpec(config, spec, initial_state, train_steps, os.getpid(), 0, world, port)
         self.process = self._context.Process(
             target=_child_main, name="seed-training",
-            args=(config, spec, initial_state, train_steps, self.parameters, self.progress, os.getpid(),
-                  child_commands, child_results, 0, world, port),
+            args=(rank_zero, TrainingLinks(child_commands, child_results, self.parameters, self.progress)),
             daemon=True)
         self.ranks = [self.process]
         self._rank_commands = [self._commands]
@@ -283,8 +385,7 @@ class TrainingProcess:
             self._rank_commands.append(commands)
             self.ranks.append(self._context.Process(
                 target=_child_main, name=f"seed-training-rank{rank}",
-                args=(config, spec, initial_state, train_steps, None, None, os.getpid(), rank_commands, None, rank,
-                      world, port),
+                args=(dataclasses.replace(rank_zero, rank=rank), TrainingLinks(rank_commands)),
                 daemon=True))
         self._next_batch = next_batch
         self._stop = stop
