@@ -35,6 +35,7 @@ import os
 import socket
 import stat
 import struct
+import tempfile
 import threading
 
 from google.protobuf.message import DecodeError
@@ -93,22 +94,29 @@ class ShmHandover:
 
     @staticmethod
     def _claim(path: str) -> socket.socket:
-        """A listening socket bound to `path`, after removing a dead learner's socket there."""
+        """A listening socket bound to `path` (mode 0600), after removing a dead learner's socket there.
+
+        The process-wide umask is left alone (other threads create files meanwhile): the socket is bound in a
+        private directory (mode 0700) beside `path`, made 0600 there, then linked to `path`, so it is never
+        reachable by another user with a wider mode. link() refuses to replace anything at `path`, as bind did."""
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(os.lstat(path).st_mode):
                 os.unlink(path)  # a dead learner's socket; a live one holds its gRPC address, so we'd not be here
+        private = tempfile.mkdtemp(prefix=".", dir=os.path.dirname(os.path.abspath(path)))  # 0700
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
-            old_umask = os.umask(0o077)
-            try:
-                listener.bind(path)
-            finally:
-                os.umask(old_umask)
-            os.chmod(path, 0o600)  # connecting needs write permission only
+            staged = os.path.join(private, "s")
+            listener.bind(staged)
+            os.chmod(staged, 0o600)  # connecting needs write permission only
             listener.listen(128)
+            os.link(staged, path)
         except BaseException:
             listener.close()
             raise
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(private, "s"))
+            os.rmdir(private)
         listener.settimeout(0.5)
         return listener
 
