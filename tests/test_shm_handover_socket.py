@@ -69,3 +69,90 @@ def test_no_module_of_the_learner_sets_the_umask():
                 calls += [f"{os.path.relpath(file, REPO)}:{node.lineno}" for node in ast.walk(tree)
                           if isinstance(node, ast.Attribute) and node.attr == "umask"]
     assert not calls, calls
+
+
+class _Service:
+    """What the handover asks the gRPC service once the peer and the token pass: records the call, refuses."""
+
+    def __init__(self):
+        self.asked = []
+
+    def check_handshake(self, handshake):
+        self.asked.append(handshake.actor_index)
+        return "refused by the test's service"
+
+
+def _other_users_actor(path: str, hello: bytes) -> tuple[int, bytes, int]:
+    """Forks an actor of another user (nobody): it connects to `path`, sends the frame `hello` and reads the
+    reply. (its exit status, the reply's bytes, how many descriptors came with them). The child makes only
+    system calls, then _exit: nobody cannot run this machine's Python (it lives under /root)."""
+    report_read, report_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        status = 1
+        try:
+            os.close(report_read)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(20)
+            sock.connect(path)
+            with contextlib.suppress(BrokenPipeError):  # the learner may refuse (and close) before the hello
+                sock.sendall(hello)
+            received, fds = b"", []
+            while True:
+                data, more, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+                if not data:
+                    break
+                received, fds = received + data, fds + more
+            os.write(report_write, len(fds).to_bytes(4, "little") + received)
+            status = 0
+        except BaseException as error:
+            os.write(2, f"other user's actor: {error!r}\n".encode())
+        finally:
+            os._exit(status)
+    os.close(report_write)
+    with os.fdopen(report_read, "rb") as report:
+        data = report.read()
+    _, status = os.waitpid(pid, 0)
+    return status, data[4:], int.from_bytes(data[:4], "little") if data else -1
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="an actor of another user needs root to start it")
+def test_the_learner_refuses_a_peer_of_another_user_before_the_token_and_handshake():
+    """The socket is 0600, so another user cannot normally reach it; should it (a chmod, a descriptor passed on),
+    the learner's SO_PEERCRED check refuses the peer even with the right token, naming its uid, and hands over no
+    descriptor. Seen failing with the uid check taken out: the hello went on to the service's handshake check."""
+    import base64
+    import json
+    import tempfile
+
+    from seed._proto import seed_pb2
+
+    directory = tempfile.mkdtemp(prefix="seed-handover-", dir="/tmp")
+    os.chmod(directory, 0o755)  # nobody may reach the socket
+    path = os.path.join(directory, "learner.sock.shm")
+    stop = threading.Event()
+    service = _Service()
+    handover = ShmHandover(service, [path], "s3cret", stop)
+    handover.start()
+    try:
+        os.chmod(path, 0o666)  # the file mode no longer keeps it out: only the learner's own check is left
+        handshake = seed_pb2.Handshake(actor_index=0, run_id=1, num_envs=4).SerializeToString()
+        hello = shm_protocol.encode_frame(json.dumps({"metadata": [["authorization", "Bearer s3cret"]],
+                                                      "handshake": base64.b64encode(handshake).decode()}).encode())
+        status, reply, fds = _other_users_actor(path, hello)
+        assert status == 0, status
+        size = shm_protocol._LENGTH.size  # a frame: its length, then the JSON
+        (length,) = shm_protocol._LENGTH.unpack(reply[:size])
+        got = dict(reply=json.loads(reply[size:size + length]), fds=fds)
+        assert got["reply"]["ok"] is False and got["reply"]["code"] == "UNAUTHENTICATED", got
+        assert f"peer uid: got {NOBODY} (pid " in got["reply"]["details"], got
+        assert f"expected the learner's uid {os.getuid()}" in got["reply"]["details"], got
+        assert got["fds"] == 0 and service.asked == [], (got, service.asked)
+    finally:
+        stop.set()
+        handover.close()
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
