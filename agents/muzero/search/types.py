@@ -9,14 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import Tensor
 
-if TYPE_CHECKING:
-    from seed.agents.muzero.search.tree import Tree
-
 ALGORITHMS = ("puct", "gumbel")
+BACKENDS = ("auto", "numpy", "numba")
 
 
 @dataclass(frozen=True)
@@ -58,10 +56,16 @@ class SearchConfig:
     gumbel_scale: float = 1.0  # gumbel (0 at evaluation)
     value_scale: float = 0.1  # gumbel sigma: c_scale, c_visit = maxvisit_init
     maxvisit_init: float = 50.0
+    # "numba": the compiled simulation loop (compiled.py; CPU tensors only); "numpy": the loop of numpy calls on the
+    # CPU, torch calls elsewhere (puct.py, gumbel.py: the reference, and the path of other devices); "auto": numba on
+    # the CPU, numpy elsewhere.
+    backend: str = "auto"
 
     def __post_init__(self) -> None:
         if self.algorithm not in ALGORITHMS:
             raise ValueError(f"SearchConfig.algorithm: got {self.algorithm!r}, expected one of {ALGORITHMS}")
+        if self.backend not in BACKENDS:
+            raise ValueError(f"SearchConfig.backend: got {self.backend!r}, expected one of {BACKENDS}")
         if self.num_simulations < 1:
             raise ValueError(f"SearchConfig.num_simulations: got {self.num_simulations}, expected >= 1")
         if self.max_num_considered_actions < 1:
@@ -86,4 +90,4 @@ class SearchOutput:
     root_value: Tensor  # [B] float: the search value of the root (mean of the values backed up into it, its own
     #   network value included)
     visit_counts: Tensor  # [B, A] float: the root children's visit counts
-    tree: Tree  # the final tree, for tests and statistics
+    tree: Any  # tree.Tree, the final tree, for tests and statistics (this module imports nothing of the search)
