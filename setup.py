@@ -84,6 +84,7 @@ setup(
         "pyyaml",  # seed-bench configurations and seed-report price tables
         "psutil",  # MemAvailable for the R2D2 replay size check (seed/replay.py)
         "lz4",  # --compression=lz4 of remote actors (seed/compression.py, imported by every actor)
+        "numba",  # the compiled MuZero search on the CPU (agents/muzero/search/compiled_*.py)
     ],
     extras_require={
         "atari": ["ale-py>=0.12", "opencv-python-headless"],

@@ -293,7 +293,7 @@ def test_the_tensor_code_path_gives_the_numpy_trees(monkeypatch, algorithm):
 
     root = roots(9, 7, seed=12)
     invalid = random_invalid(9, 7, seed=3)
-    config = SearchConfig(num_simulations=40, algorithm=algorithm, dirichlet_fraction=0.25)
+    config = SearchConfig(num_simulations=40, algorithm=algorithm, dirichlet_fraction=0.25, backend="numpy")
 
     def run():
         return search(root, hashed_model(7), config, temperature=0.0, invalid_actions=invalid,

@@ -1,6 +1,6 @@
 """`seed-bench search`: how fast the batched MuZero search runs on this machine, beside DeepMind's mctx.
 
-    seed-bench search --cpu=0 --out=bench_results/search.json
+    seed-bench search --cpu=0 --compile_time --out=bench_results/search.json
     python -m seed.bench.search_speed --cpu=0 --batch=64 --simulations=50 --actions=18 --out=search.json
 
 One search is B trees (--batch) of --simulations simulations over --actions actions, with a stub network: a
@@ -11,7 +11,11 @@ best, and CPU time of the process), and the tree depths the stub produces (the d
 over depth, so deeper trees cost more).
 
 Implementations:
-  seed_puct / seed_gumbel    agents/muzero/search, torch, one intra-op thread
+  seed_puct / seed_gumbel    agents/muzero/search with backend "numpy": the loop of numpy / torch calls (the
+                             reference; torch with one intra-op thread)
+  seed_numba_puct / _gumbel  agents/muzero/search with backend "numba": the compiled simulation loop (the CPU
+                             default; compiled.py); --compile_time adds the first search's time in a fresh
+                             process with an empty Numba cache (compilation) and again with the cache it left
   mctx_puct / mctx_gumbel    mctx.muzero_policy / mctx.gumbel_muzero_policy, jax.jit-compiled, XLA on one thread;
                              only when jax and mctx are importable (an optional benchmark dependency:
                              pip install jax mctx)
@@ -76,8 +80,9 @@ def _rates(walls: list[float], cpus: list[float], expansions: int) -> dict[str, 
             "expansions_per_cpu_s": expansions / statistics.median(cpus), "repeats": len(walls)}
 
 
-def bench_seed(algorithm: str, batch: int, simulations: int, actions: int, warmup: int, repeats: int,
-               seed: int) -> dict[str, Any]:
+def _seed_search(algorithm: str, backend: str, batch: int, simulations: int, actions: int,
+                 seed: int) -> Callable[[int], Any]:
+    """run(i): one search of the stub with agents/muzero/search (backend "numpy" or "numba")."""
     import torch
 
     from seed.agents.muzero.search import RecurrentOutput, RootInput, SearchConfig, search
@@ -93,12 +98,59 @@ def bench_seed(algorithm: str, batch: int, simulations: int, actions: int, warmu
         return RecurrentOutput(out[:, actions], discount, out[:, :actions], out[:, actions + 1], hidden)
 
     root = RootInput(roots["logits"], roots["value"], roots["embedding"])
-    config = SearchConfig(num_simulations=simulations, algorithm=algorithm)
+    config = SearchConfig(num_simulations=simulations, algorithm=algorithm, backend=backend)
     generator = torch.Generator().manual_seed(seed)
-    walls, cpus, out = _time(lambda i: search(root, recurrent_fn, config, generator=generator), warmup, repeats)
+    return lambda i: search(root, recurrent_fn, config, generator=generator)
+
+
+def bench_seed(algorithm: str, backend: str, batch: int, simulations: int, actions: int, warmup: int, repeats: int,
+               seed: int) -> dict[str, Any]:
+    import torch
+
+    walls, cpus, out = _time(_seed_search(algorithm, backend, batch, simulations, actions, seed), warmup, repeats)
     depth = out.tree.depth.float()
-    return {**_rates(walls, cpus, batch * simulations), "max_depth": int(depth.max()),
+    return {**_rates(walls, cpus, batch * simulations), "backend": backend, "max_depth": int(depth.max()),
             "mean_node_depth": float(depth[:, 1:].mean()), "torch": torch.__version__, "torch_threads": 1}
+
+
+def first_search(algorithm: str, batch: int, simulations: int, actions: int, seed: int) -> dict[str, float]:
+    """The compiled search's first and second search in this process (seconds, wall): the first one imports
+    numba and compiles the search's functions, or loads them from the cache ($NUMBA_CACHE_DIR)."""
+    run = _seed_search(algorithm, "numba", batch, simulations, actions, seed)
+    start = time.perf_counter()
+    run(0)
+    first = time.perf_counter() - start
+    start = time.perf_counter()
+    run(1)
+    return {"first_search_s": first, "second_search_s": time.perf_counter() - start}
+
+
+def bench_compile_time(algorithm: str, batch: int, simulations: int, actions: int, seed: int) -> dict[str, Any]:
+    """first_search in two fresh processes sharing a new Numba cache directory: the first compiles (empty cache),
+    the second loads what the first wrote. compile_s: the first search less the second, without and with the
+    cache."""
+    import json
+    import subprocess
+    import sys
+    import tempfile
+
+    result: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="numba-cache-") as cache:
+        for name in ("empty_cache", "warm_cache"):
+            command = [sys.executable, "-m", "seed.bench.search_speed", f"--first_search={algorithm}",
+                       f"--batch={batch}", f"--simulations={simulations}", f"--actions={actions}", f"--seed={seed}"]
+            done = subprocess.run(command, env={**os.environ, "NUMBA_CACHE_DIR": cache}, capture_output=True,
+                                  text=True, check=True)
+            times = json.loads(done.stdout.strip().splitlines()[-1])
+            result[name] = {**times, "compile_s": times["first_search_s"] - times["second_search_s"]}
+    result["numba"] = _numba_version()
+    return result
+
+
+def _numba_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("numba")
 
 
 def bench_mctx(algorithm: str, batch: int, simulations: int, actions: int, warmup: int, repeats: int,
@@ -150,10 +202,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = (args.batch, args.simulations, args.actions)
     load_before = os.getloadavg()
     results: dict[str, Any] = {}
+    compile_time: dict[str, Any] = {}
     for algorithm in args.algorithms:
-        results[f"seed_{algorithm}"] = bench_seed(algorithm, *shape, args.warmup, args.repeats, args.seed)
+        for backend in args.backends:
+            name = f"seed_{algorithm}" if backend == "numpy" else f"seed_{backend}_{algorithm}"
+            results[name] = bench_seed(algorithm, backend, *shape, args.warmup, args.repeats, args.seed)
         if have_mctx:
             results[f"mctx_{algorithm}"] = bench_mctx(algorithm, *shape, args.warmup, args.repeats, args.seed)
+        if args.compile_time:
+            compile_time[algorithm] = bench_compile_time(algorithm, *shape, args.seed)
     return {"schema": SCHEMA, "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "machine": {"cpu": cpu_model(), "cpu_count": os.cpu_count(), "pinned_cpu": args.cpu,
                         "load_average_before": load_before, "load_average_after": os.getloadavg(),
@@ -162,21 +219,33 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                        "embedding": EMBEDDING, "discount": DISCOUNT, "warmup": args.warmup, "repeats": args.repeats,
                        "stub": "tanh(e @ W + E[a]) -> [logits, reward, value] linear, float32"},
             "mctx_available": have_mctx, "results": results,
+            **({"numba_first_search": compile_time} if compile_time else {}),
             "units": "expansions_per_s = batch * simulations / wall seconds of one search (median; _best: the "
-                     "fastest search); expansions_per_cpu_s uses the process's CPU seconds instead"}
+                     "fastest search); expansions_per_cpu_s uses the process's CPU seconds instead; "
+                     "numba_first_search: wall seconds of a fresh process's first and second compiled search, "
+                     "with an empty Numba cache and with the cache the first process wrote"}
 
 
 def summary(result: dict[str, Any]) -> str:
     c = result["config"]
     lines = [f"search: B={c['batch']}, {c['simulations']} simulations, {c['actions']} actions; "
              f"load average {result['machine']['load_average_before'][0]:.1f}",
-             "| implementation | ms / search (median) | expansions/s (median) | expansions/s (best) | per CPU s |",
-             "|---|---:|---:|---:|---:|"]
-    for name, r in result["results"].items():
+             "| implementation | ms / search (median) | expansions/s (median) | expansions/s (best) | per CPU s | "
+             "x mctx (per CPU s) |",
+             "|---|---:|---:|---:|---:|---:|"]
+    results = result["results"]
+    for name, r in results.items():
+        mctx = results.get("mctx_" + name.rsplit("_", 1)[-1])
+        ratio = f"{r['expansions_per_cpu_s'] / mctx['expansions_per_cpu_s']:.2f}" if mctx else ""
         lines.append(f"| {name} | {r['search_ms_median']:.1f} | {r['expansions_per_s']:,.0f} | "
-                     f"{r['expansions_per_s_best']:,.0f} | {r['expansions_per_cpu_s']:,.0f} |")
+                     f"{r['expansions_per_s_best']:,.0f} | {r['expansions_per_cpu_s']:,.0f} | {ratio} |")
     if not result["mctx_available"]:
         lines.append("(mctx not importable: pip install jax mctx to measure it beside)")
+    for algorithm, times in result.get("numba_first_search", {}).items():
+        lines.append(f"numba {algorithm}, first search of a fresh process: "
+                     f"{times['empty_cache']['first_search_s']:.2f} s with an empty cache (compiling "
+                     f"{times['empty_cache']['compile_s']:.2f} s), {times['warm_cache']['first_search_s']:.2f} s "
+                     f"with the cache ({times['warm_cache']['compile_s']:.2f} s more than the second search)")
     return "\n".join(lines)
 
 
@@ -187,6 +256,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--actions", type=int, default=18)
     parser.add_argument("--algorithms", type=lambda s: s.split(","), default=["puct", "gumbel"],
                         help="comma-separated: puct, gumbel")
+    parser.add_argument("--backends", type=lambda s: s.split(","), default=["numpy", "numba"],
+                        help="comma-separated search backends: numpy (the reference loop), numba (compiled)")
+    parser.add_argument("--compile_time", action="store_true",
+                        help="also time the compiled search's first search in fresh processes, with an empty Numba "
+                             "cache and with the cache it leaves (two processes per algorithm)")
+    parser.add_argument("--first_search", default="", help=argparse.SUPPRESS)  # --compile_time's child processes
     parser.add_argument("--warmup", type=int, default=3, help="searches before timing (jit compilation for mctx)")
     parser.add_argument("--repeats", type=int, default=20, help="timed searches")
     parser.add_argument("--seed", type=int, default=0)
@@ -196,6 +271,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     unknown = sorted(set(args.algorithms) - {"puct", "gumbel"})
     if unknown:
         parser.error(f"--algorithms: got {unknown}, expected puct and/or gumbel")
+    unknown = sorted(set(args.backends) - {"numpy", "numba"})
+    if unknown:
+        parser.error(f"--backends: got {unknown}, expected numpy and/or numba")
     return args
 
 
@@ -203,6 +281,11 @@ def main(argv: list[str] | None = None) -> None:
     from seed.bench.results import write_json
 
     args = parse_args(argv)
+    if args.first_search:
+        import json
+
+        print(json.dumps(first_search(args.first_search, args.batch, args.simulations, args.actions, args.seed)))
+        return
     result = run(args)
     write_json(os.path.abspath(args.out), result)
     print(summary(result))

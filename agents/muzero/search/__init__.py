@@ -19,6 +19,12 @@ the trees whose normalisation did not change, and the whole loop runs on numpy v
 (tree.TreeArrays: numpy's cost per call on tens to thousands of numbers is about a quarter of torch's; the same
 functions run on the tensors on other devices, and with NUMPY_ON_CPU = False on the CPU, as a test does).
 
+On the CPU the simulations run compiled by default (SearchConfig.backend "auto" or "numba"; compiled.py,
+compiled_tree.py, compiled_puct.py, compiled_gumbel.py): per simulation one Numba call (the previous simulation's
+expansion and backup, then the descent of all B trees, each node's choice computed as the descent reaches it) and
+the `recurrent_fn` call; the same roots, outputs and trees as the loop of numpy / torch calls described here, which
+stays as the reference and the path of other devices (backend "numpy").
+
 Search times are dominated by the number of array operations, not their size: the per-node caches, the
 all-depths backup and inference mode are there to keep that number down. On a CPU, run it
 with one intra-op thread (torch.set_num_threads(1)): with two OpenMP threads on a busy 2-core machine, a tiny
@@ -61,8 +67,8 @@ __all__ = ["RecurrentFn", "RecurrentOutput", "RootInput", "SearchConfig", "Searc
            "dirichlet_noise", "sample_action", "DepthBound"]
 
 
-# Run the CPU search on numpy views of the tree (False: on the tensors, as on every other device; the tests use it
-# to check that code path without a GPU).
+# Run the CPU search's numpy / torch loop (backend "numpy") on numpy views of the tree (False: on the tensors, as on
+# every other device; the tests use it to check that code path without a GPU).
 NUMPY_ON_CPU = True
 
 
@@ -167,8 +173,9 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
     dtype, device = root.value.dtype, root.value.device
     simulations = config.num_simulations
     n = simulations + 1
+    compiled = _compiled(config, device)
     # The loop below runs on tree.arrays: numpy views on the CPU, the tensors elsewhere (see tree.py).
-    host = device.type == "cpu" and NUMPY_ON_CPU
+    host = device.type == "cpu" and (NUMPY_ON_CPU or compiled)
     tree = new_tree(b, n, a, root.embedding, dtype, device, host)
     if invalid_actions is not None:
         tree.root_invalid.copy_(invalid_actions.to(torch.bool))
@@ -188,10 +195,6 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
     tree_map2(lambda store, x: store[:-1].view(b, n, *store.shape[1:])[:, 0].copy_(x), tree.flat_embeddings,
               root.embedding)
 
-    def array(x: Tensor) -> Any:
-        return x.numpy() if host else x
-
-    t = tree.arrays
     if gumbel:
         uniform = torch.rand(b, a, dtype=dtype, device=device, generator=generator)
         gumbel_noise = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(dtype).tiny))) * config.gumbel_scale
@@ -199,6 +202,49 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
         table = torch.tensor(considered_visits_table(config.max_num_considered_actions, simulations), device=device)
         considered = (a - invalid.sum(-1)).clamp_max(config.max_num_considered_actions)
         considered_visits = table.index_select(0, considered).to(dtype).T.contiguous()  # [simulations, B]
+    if compiled:
+        from seed.agents.muzero.search.compiled import run_simulations
+
+        run_simulations(tree, recurrent_fn, config, (gumbel_logits.numpy(), considered_visits.numpy()) if gumbel
+                        else None)
+    else:
+        _reference_loop(tree, recurrent_fn, config, host, gumbel_logits if gumbel else None,
+                        considered_visits if gumbel else None)
+    roots = tree.node[:-1].view(b, n, -1)[:, 0]
+    root_value = roots[:, VALUE_SUM] / roots[:, VISITS]
+    visit_counts = tree.children_visits[:, 0].clone()
+    if gumbel:
+        action, action_weights = gumbel_outcome(tree, gumbel_logits, config)
+    else:
+        action = sample_action(visit_counts, temperature, generator)
+        action_weights = visit_counts / visit_counts.sum(-1, keepdim=True)
+    return SearchOutput(action=action, action_weights=action_weights, root_value=root_value,
+                        visit_counts=visit_counts, tree=finished_tree(tree))
+
+
+def _compiled(config: SearchConfig, device: torch.device) -> bool:
+    """Whether the search runs the compiled loop (compiled.py): config.backend "numba", or "auto" on the CPU."""
+    if config.backend == "numba" and device.type != "cpu":
+        raise ValueError(f"SearchConfig.backend: got 'numba' for tensors on {device}, expected 'auto' or 'numpy' "
+                         "(the compiled search runs on the CPU only)")
+    return config.backend == "numba" or (config.backend == "auto" and device.type == "cpu")
+
+
+def _reference_loop(tree: Tree, recurrent_fn: RecurrentFn, config: SearchConfig, host: bool,
+                    gumbel_logits: Tensor | None, considered_visits: Tensor | None) -> None:
+    """The simulations as numpy calls (host: on numpy views of the CPU tree) or torch calls (the tensors, on any
+    device); see the module docstring. gumbel_logits [B, A] and considered_visits [S, B] for Gumbel MuZero."""
+    b, a = tree.num_trees, tree.num_actions
+    simulations = config.num_simulations
+    invalid = tree.root_invalid
+    gumbel = gumbel_logits is not None
+    dtype, device = tree.node.dtype, tree.node.device
+
+    def array(x: Tensor) -> Any:
+        return x.numpy() if host else x
+
+    t = tree.arrays
+    if gumbel:
         root_args = array(gumbel_logits.T.contiguous()), array(considered_visits), array(invalid.T.contiguous())
         refresh_choices(t, t.base, root_args[0], root_args[1][0], root_args[2], config)
     else:
@@ -225,14 +271,3 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
             # Every node's score moved in the trees whose normalisation changed (on the host: only those trees).
             refresh(t, backed, visits, rescaled if host else None, k + 2, root_mask, config.pb_c_base,
                     config.pb_c_init)
-
-    roots = tree.node[:-1].view(b, n, -1)[:, 0]
-    root_value = roots[:, VALUE_SUM] / roots[:, VISITS]
-    visit_counts = tree.children_visits[:, 0].clone()
-    if gumbel:
-        action, action_weights = gumbel_outcome(tree, gumbel_logits, config)
-    else:
-        action = sample_action(visit_counts, temperature, generator)
-        action_weights = visit_counts / visit_counts.sum(-1, keepdim=True)
-    return SearchOutput(action=action, action_weights=action_weights, root_value=root_value,
-                        visit_counts=visit_counts, tree=finished_tree(tree))
