@@ -81,6 +81,62 @@ class InferenceOutputs:
     on_timing: Callable[[dict[str, float]], None] = lambda timing: None
 
 
+@dataclasses.dataclass
+class _Requests:
+    """The live requests of one batch and the values copied out of their slab rows (observations are in the
+    staging buffer's first `len(env_ids)` rows).
+
+    actors, seqs, runs: int64 [n], in arrival order. arrivals: float64 [n], monotonic seconds. env_ids: int64
+    [n * K], the actors' rows actor by actor. reward: float32 [n * K]; done, truncated: bool [n * K].
+    prev_action: int64 [n * K], each row's previous action (set once new runs are reset).
+    """
+
+    actors: np.ndarray
+    seqs: np.ndarray
+    runs: np.ndarray
+    arrivals: np.ndarray
+    env_ids: np.ndarray
+    reward: np.ndarray
+    done: np.ndarray
+    truncated: np.ndarray
+    prev_action: np.ndarray | None = None
+
+
+class _GateBookkeeping:
+    """Every call a batch makes on the `--sync=hts` rollout gate (seed/sync_gate.py), and what happens instead
+    without one (`gate` None): which requests are served, which parameters a batch acts with, which rollout a
+    served step completes, and the rollouts played again when their steps were lost. (Opening the sync point is
+    `CentralInference.release_held`.)"""
+
+    def __init__(self, gate: RolloutGate | None, parameters: ParameterPublisher):
+        self.gate = gate
+        self.parameters = parameters
+
+    def admit(self, actors: np.ndarray, seqs: np.ndarray, runs: np.ndarray
+              ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The requests to serve now; the gate holds those at its sync point."""
+        if self.gate is None:
+            return actors, seqs, runs
+        return self.gate.admit(actors, seqs, runs)
+
+    def policy_version(self) -> int:
+        """The version the next batch acts with. Without a gate, the newest published one is applied first;
+        with a gate, parameters change only at sync points (`release_held`)."""
+        if self.gate is None:
+            self.parameters.refresh()
+        return self.parameters.applied
+
+    def stepped(self, actors: np.ndarray) -> object | None:
+        """After the actors got their actions: the rollout their steps completed, if any (gate only)."""
+        return None if self.gate is None else self.gate.stepped(actors)
+
+    def start_over(self, actors: np.ndarray, completed_rollout: object | None) -> None:
+        """The actors' steps were lost: with a gate, their lost unrolls are played again, or a batch would lack
+        them."""
+        if self.gate is not None:
+            self.gate.start_over(actors, completed_rollout)
+
+
 class CentralInference:
     """Owns the state table, unroll store and inference network of one device.
 
@@ -114,6 +170,7 @@ class CentralInference:
         self.prev_action = np.zeros(num_envs, np.int64)
         self.parameters = ParameterPublisher(network, device, model.policy_version)
         self.gate = rollout_gate
+        self._gating = _GateBookkeeping(rollout_gate, self.parameters)
         # A high-priority stream: inference kernels are scheduled ahead of the training step's waiting blocks.
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
         # The slab's observations as a tensor (unsigned types reinterpreted) and a staging buffer the ready
@@ -202,8 +259,7 @@ class CentralInference:
 
     def _run_batch(self, actors: np.ndarray, seqs: np.ndarray) -> None:
         actors, seqs, runs = self._requests(actors, seqs)
-        if self.gate is not None:
-            actors, seqs, runs = self.gate.admit(actors, seqs, runs)
+        actors, seqs, runs = self._gating.admit(actors, seqs, runs)
         if not len(actors):
             return
         try:
@@ -256,7 +312,28 @@ class CentralInference:
         (slab rows to staging), policy (to the device, forward, results back), reply, store (unroll store).
         None if every request's slot changed while its rows were read."""
         clock = [time.perf_counter()]
-        slab, table, k = self.slab, self.state_table, self.k
+        requests = self._read(actors, seqs, runs)
+        if requests is None:
+            return None
+        b = self._assemble(requests)
+        version = self._gating.policy_version()
+        clock.append(time.perf_counter())
+        acted = self._act(b)
+        clock.append(time.perf_counter())
+        # Answer first: everything below is bookkeeping the actors need not wait for.
+        self._write_back(requests, acted[0])
+        completed_rollout = self._gating.stepped(requests.actors)
+        self.on_batch(b, request_latencies_s(time.monotonic(), requests.arrivals))
+        clock.append(time.perf_counter())
+        completed = self._store(requests, acted, version, completed_rollout)
+        clock.append(time.perf_counter())
+        stages = ("prepare", "policy", "reply", "store")
+        return completed, {f"inference/{name}_ms": (clock[i + 1] - clock[i]) * 1e3 for i, name in enumerate(stages)}
+
+    def _read(self, actors: np.ndarray, seqs: np.ndarray, runs: np.ndarray) -> _Requests | None:
+        """Copies the requests' slab rows out (observations into the staging buffer) and drops the requests that
+        must not become steps; None if none is left."""
+        slab, k = self.slab, self.k
         env_ids = self._env_ids(actors)
         arrivals, reward, done, truncated = self._gather(actors, env_ids)
         # Seqlock-style check: a slot whose sequence number or run changed since `_requests` read them was
@@ -276,70 +353,79 @@ class CentralInference:
             env_ids, reward, done, truncated = env_ids[rows], reward[rows], done[rows], truncated[rows]
             if not len(actors):
                 return None
+        return _Requests(actors, seqs, runs, arrivals, env_ids, reward, done, truncated)
+
+    def _assemble(self, requests: _Requests) -> int:
+        """Resets the rows of new actor runs, counts the episodes the steps end, and writes the batch's inputs
+        into the host input buffers (`requests.done`, `truncated` and `prev_action` as the steps record them);
+        returns the batch's rows B."""
+        first = self._start_new_runs(requests.actors, requests.runs)
+        requests.reward[first] = 0.0
+        requests.done = requests.done | first
+        requests.truncated = requests.truncated & ~first
+        env_ids = requests.env_ids
+        requests.prev_action = self.prev_action[env_ids]
+        self._count_episodes(env_ids, requests.reward, requests.done & ~first)
+        b = len(env_ids)
+        for name, values in (("env_ids", env_ids), ("prev_action", requests.prev_action),
+                             ("reward", requests.reward), ("done", requests.done)):
+            self._inputs_np[name][:b] = values
+        return b
+
+    def _start_new_runs(self, actors: np.ndarray, runs: np.ndarray) -> np.ndarray:
+        """Fresh rows (state, unrolls, previous action) for the actors whose run the tables do not hold: first
+        contact of their env ids, or their actor restarted. bool [n * K]: the rows whose step is a run's first."""
         is_new = self.actor_run[actors] != runs
-        if is_new.any():  # first contact of these env ids, or their actor restarted: fresh rows
+        if is_new.any():
             new_ids = self._env_ids(actors[is_new])
-            table.reset(new_ids)
+            self.state_table.reset(new_ids)
             self.unroll_store.reset(torch.from_numpy(new_ids))
             self.prev_action[new_ids] = 0
             self.actor_run[actors[is_new]] = runs[is_new]
-        first = np.repeat(is_new, k)
-        reward[first] = 0.0
-        done = done | first
-        truncated = truncated & ~first
-        prev_action = self.prev_action[env_ids]
-        self._count_episodes(env_ids, reward, done & ~first)
+        return np.repeat(is_new, self.k)
 
-        b = len(env_ids)
+    def _act(self, b: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
+        """The policy on the first `b` rows of the input buffers: (host action [B], host outputs, device state
+        before the step)."""
         host = self._inputs_host
-        for name, values in (("env_ids", env_ids), ("prev_action", prev_action), ("reward", reward),
-                             ("done", done)):
-            self._inputs_np[name][:b] = values
-        observation = self._staging[:b]
-        if self.gate is None:  # with a gate, parameters change only at sync points (release_held)
-            self.parameters.refresh()
-        version = self.parameters.applied
-        clock.append(time.perf_counter())
-        inputs = InferenceBatch(env_ids=host["env_ids"][:b], observation=observation, reward=host["reward"][:b],
-                                done=host["done"][:b], prev_action=host["prev_action"][:b])
-        action, outputs, state_before = self.policy(inputs)  # host action [B]; host outputs; device state
-        clock.append(time.perf_counter())
+        inputs = InferenceBatch(env_ids=host["env_ids"][:b], observation=self._staging[:b],
+                                reward=host["reward"][:b], done=host["done"][:b], prev_action=host["prev_action"][:b])
+        return self.policy(inputs)
 
-        # Answer first: everything below is bookkeeping the actors need not wait for.
+    def _write_back(self, requests: _Requests, action: torch.Tensor) -> None:
+        """The actions into the slab's action rows and the previous-action table; the actors are answered."""
         actions = action.numpy()
-        slab.action[env_ids] = actions
-        self.prev_action[env_ids] = actions
-        self._answer(actors, seqs, REPLY_OK)
-        completed_rollout = None if self.gate is None else self.gate.stepped(actors)
-        now = time.monotonic()
-        self.on_batch(b, request_latencies_s(now, arrivals))
-        clock.append(time.perf_counter())
+        self.slab.action[requests.env_ids] = actions
+        self.prev_action[requests.env_ids] = actions
+        self._answer(requests.actors, requests.seqs, REPLY_OK)
 
+    def _store(self, requests: _Requests, acted: tuple[torch.Tensor, dict[str, torch.Tensor], Any], version: int,
+               completed_rollout: object | None) -> list[Unroll]:
+        """Appends the batch's step to the unroll store; the unrolls it completed."""
+        action, outputs, state_before = acted
+        b = len(requests.env_ids)
         step = {
-            "observation": observation,
-            "reward": torch.from_numpy(reward),
-            "done": torch.from_numpy(done),
-            "truncated": torch.from_numpy(truncated),
-            "prev_action": torch.from_numpy(prev_action),
+            "observation": self._staging[:b],
+            "reward": torch.from_numpy(requests.reward),
+            "done": torch.from_numpy(requests.done),
+            "truncated": torch.from_numpy(requests.truncated),
+            "prev_action": torch.from_numpy(requests.prev_action),
             "action": action,
             "policy_version": torch.full((b,), version, dtype=torch.int64),
             **outputs,
         }
         try:
-            completed = self.unroll_store.append(torch.from_numpy(env_ids), step, state_before)
+            return self.unroll_store.append(torch.from_numpy(requests.env_ids), step, state_before)
         except Exception:
             # The actors have their actions and the state table and prev_action have moved on, but this step is
             # missing from the unrolls: an unroll spanning the hole would pair states, actions and rewards that do
             # not follow each other. These actors' next steps start over as first contacts (zero state, fresh
             # unrolls, done set, reward 0); the episodes in progress go uncounted.
+            actors = requests.actors
             log.exception("unroll store failed; actors %s start over with fresh rows", actors.tolist())
             self.actor_run[actors] = 0
-            if self.gate is not None:  # HTS: their lost unrolls are played again, or a batch would lack them
-                self.gate.start_over(actors, completed_rollout)
-            completed = []
-        clock.append(time.perf_counter())
-        stages = ("prepare", "policy", "reply", "store")
-        return completed, {f"inference/{name}_ms": (clock[i + 1] - clock[i]) * 1e3 for i, name in enumerate(stages)}
+            self._gating.start_over(actors, completed_rollout)
+            return []
 
     def _count_episodes(self, env_ids: np.ndarray, reward: np.ndarray, ended: np.ndarray) -> None:
         table = self.state_table
