@@ -22,6 +22,10 @@ class GymEnv:
     def __init__(self, env_id: str, seed: int, render_rgb: bool = False):
         if render_rgb:  # classic-control rendering calls pygame.init(), which would look for an audio device
             os.environ.setdefault("SDL_AUDIODRIVER", "dummy")
+            if not os.environ.get("DISPLAY") and not os.environ.get("WAYLAND_DISPLAY"):
+                # rgb_array draws off-screen; with no display SDL's probe of a real video driver only prints
+                # "error: XDG_RUNTIME_DIR is invalid or not set" (a driver the user chose is kept, errors and all).
+                os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         self._env = gymnasium.make(env_id, render_mode="rgb_array" if render_rgb else None)
         if not isinstance(self._env.action_space, gymnasium.spaces.Discrete):
             raise ValueError(f"--env=gym:{env_id}: action space is {self._env.action_space}, expected Discrete")
