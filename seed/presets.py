@@ -144,6 +144,38 @@ PRESETS: dict[str, dict[str, Any]] = {
         replay_ratio=8.0, reanalyse_ratio=0.5, replay_capacity=10_000, replay_min_size=100,
         total_environment_frames=400_000, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
+    # MinAtar (Young & Tian 2019) for a 2-core CPU machine; `--env=minatar:<game>` picks another of the five games.
+    # V-trace: pong_vtrace's 2-core shape (2 actors x 8 envs of which 2 evaluate, batches of 8 unrolls of 20, lr 6e-4,
+    # entropy 0.01) on the MinAtar paper's network (the agent's minatar default: conv 16 3x3, fc 128, no LSTM) with
+    # its discount 0.99 and unclipped rewards, for the paper's 5M frames.
+    "minatar_vtrace": dict(
+        agent="vtrace", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2, batch_size=8,
+        unroll_length=20, learning_rate=6e-4, entropy_cost=0.01, discounting=0.99, grad_clip_norm=40.0,
+        total_environment_frames=5e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
+    ),
+    # PPO: pong_ppo's CleanRL Atari recipe (rollouts of 128 steps, 4 epochs x 4 minibatches, lr 2.5e-4, entropy 0.01,
+    # gradient norm 0.5, GAE 0.95) with CleanRL's clip 0.2 and unclipped rewards, on the MinAtar paper's network,
+    # synchronous (HTS), 2 x 8 envs (2 evaluate), 5M frames.
+    "minatar_ppo": dict(
+        agent="ppo", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2, sync="hts",
+        sync_every=128, ppo_epochs=4, ppo_minibatches=4, ppo_clip=0.2, learning_rate=2.5e-4, entropy_cost=0.01,
+        discounting=0.99, lambda_=0.95, grad_clip_norm=0.5, total_environment_frames=5e6, log_interval_s=30.0,
+        checkpoint_interval_s=300.0,
+    ),
+    # MuZero for 100K agent steps (the Atari 100k budget) on 2 cores in under an hour: the agent's minatar defaults
+    # (the gym settings: K = 5, n = 5, supports of 41 / 11 atoms, lr 1e-3, discount 0.99 as the MinAtar paper) on the
+    # ResNet model at 10 x 10 with 16 latent channels, Gumbel MuZero's search with 8 simulations (pong_muzero's), 2 x
+    # 8 envs (2 evaluate), batches of 8 sequences (80 unroll starts), each inserted position trained 4 times, a
+    # replay of the last 2,000 sequences (20K positions, a fifth of the run, as cartpole_muzero's small replay), no
+    # reanalysis. Sizing, from one update's CPU time on this VM (torch 1 thread): 16 channels take 0.7 CPU s
+    # per update against 32's 1.5 (reanalysing half of a batch adds 0.3), and 100K steps make 10K sequences, so 5,000
+    # updates are about 3,500 CPU s, plus about 1,100 for 8-env searches (90 ms each): some 40 minutes of 2 cores.
+    "minatar_muzero": dict(
+        agent="muzero", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2,
+        inference_batch_size=-1, latent_channels=16, lstm_size=128, search="gumbel", num_simulations=8,
+        batch_size=8, replay_ratio=4.0, reanalyse_ratio=0.0, replay_capacity=2_000, replay_min_size=100,
+        discounting=0.99, total_environment_frames=100_000, log_interval_s=30.0, checkpoint_interval_s=300.0,
+    ),
 }
 
 PRESET_SOURCES: dict[str, str] = {
@@ -177,6 +209,12 @@ PRESET_SOURCES: dict[str, str] = {
     "pong_muzero": "EfficientZero's losses and horizons on a 2-core-sized model (32 channels, the Nature DQN's "
                    "convolutions as the downsampling) with 8 Gumbel simulations and half of each batch reanalysed; "
                    "docs/learning/README.md.",
+    "minatar_vtrace": "pong_vtrace's 2-core shape on the MinAtar paper's network, discount and 5M frames; not yet "
+                      "measured.",
+    "minatar_ppo": "CleanRL's Atari PPO recipe (pong_ppo's, clip 0.2) on the MinAtar paper's network; not yet "
+                   "measured.",
+    "minatar_muzero": "the MuZero agent's minatar defaults (its gym settings on a 10 x 10 ResNet model) sized from "
+                      "one update's CPU time to run 100K agent steps in under an hour on 2 cores; not yet measured.",
     "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
                     "deterministic.",
 }

@@ -215,6 +215,35 @@ def test_muzero_minatar_network_keeps_10_by_10_and_trains(tmp_path):
     assert float(network.stem.weight.grad.abs().sum()) > 0
 
 
+# ----------------------------------------------------------------------------------------------- presets
+
+
+@pytest.mark.parametrize("name, agent", [("minatar_vtrace", "vtrace"), ("minatar_ppo", "ppo"),
+                                         ("minatar_muzero", "muzero")])
+def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tmp_path, name, agent):
+    from seed.learner_main import resolve_config
+
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": name})
+    assert (config.agent, config.env, config.network) == (agent, "minatar:breakout", "minatar")
+    assert (config.num_envs, config.num_eval_envs) == (16, 2)
+    other = resolve_config({"logdir": str(tmp_path / "run"), "preset": name, "env": "minatar:space_invaders"})
+    assert (other.env, other.network) == ("minatar:space_invaders", "minatar")
+    assert envs.make_spec(other.env, other.env_options()).observation_shape == (10, 10, 6)
+
+
+def test_muzero_preset_makes_5000_updates_in_100k_agent_steps(tmp_path):
+    """The sizing of minatar_muzero's comment: 100K agent steps / 10 positions per sequence = 10K sequences, each
+    sampled 4 times in batches of 8: 5,000 updates of 8 x 10 unroll starts, each position trained 4 times."""
+    from seed.learner_main import resolve_config
+
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "minatar_muzero"})
+    assert (config.search, config.num_simulations, config.latent_channels, config.reanalyse_ratio) == (
+        "gumbel", 8, 16, 0.0)
+    sequences = config.total_environment_frames / config.unroll_length  # action repeat 1: frames = agent steps
+    assert sequences == 10_000 and config.replay_capacity == 2_000
+    assert sequences * config.replay_ratio / config.batch_size == 5_000
+
+
 # ----------------------------------------------------------------------------------------------- real processes
 
 
