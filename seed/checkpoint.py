@@ -86,7 +86,7 @@ def save(logdir: str, state: dict[str, Any], keep: int = 3) -> str:
         f.flush()
         os.fsync(f.fileno())  # the bytes are on disk before any name points at them
     os.replace(tmp, path)
-    _fsync_directory(logdir)  # the rename is on disk before an older checkpoint is deleted
+    fsync_directory(logdir)  # the rename is on disk before an older checkpoint is deleted
     for old in checkpoint_paths(logdir)[:-keep]:
         try:
             os.remove(old)
@@ -95,7 +95,8 @@ def save(logdir: str, state: dict[str, Any], keep: int = 3) -> str:
     return path
 
 
-def _fsync_directory(directory: str) -> None:
+def fsync_directory(directory: str) -> None:
+    """Puts `directory`'s entries (a rename, a new name) on disk."""
     fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -209,6 +210,7 @@ class ReplayExperience:
     """
 
     REPLAY_FILE = "replay.pt"
+    PREVIOUS_REPLAY_FILE = "replay.previous.pt"  # the one before: restored when replay.pt does not load
 
     def __init__(self, replay: PrioritizedReplay, initial_priorities: Callable[[list[Unroll]], np.ndarray],
                  is_eval_env: Callable[[torch.Tensor], torch.Tensor], device: torch.device, checkpoint: bool):
@@ -250,16 +252,37 @@ class ReplayExperience:
         return self.replay.stats()
 
     def save(self, logdir: str) -> None:
-        """Writes the replay to `replay.pt` atomically; inserts wait while it is written (`frozen_state`)."""
-        if self.checkpoint:
-            path = os.path.join(logdir, self.REPLAY_FILE)
+        """Writes the replay to `replay.pt` by the checkpoints' rules (seed/checkpoint.py): a temporary file,
+        fsynced, renamed over `replay.pt` once the file it replaces is kept as `replay.previous.pt`, then the
+        logdir fsynced. Inserts wait while the state is written (`frozen_state`), not during the fsync."""
+        if not self.checkpoint:
+            return
+        path = os.path.join(logdir, self.REPLAY_FILE)
+        with open(path + ".tmp", "wb") as f:
             with self.replay.frozen_state() as state:
-                torch.save(state, path + ".tmp")
-            os.replace(path + ".tmp", path)
+                torch.save(state, f)
+            f.flush()
+            os.fsync(f.fileno())  # the bytes are on disk before any name points at them
+        if os.path.exists(path):
+            os.replace(path, os.path.join(logdir, self.PREVIOUS_REPLAY_FILE))
+        os.replace(path + ".tmp", path)
+        checkpoint.fsync_directory(logdir)  # the renames are on disk
 
     def restore(self, logdir: str) -> None:
-        path = os.path.join(logdir, self.REPLAY_FILE)
-        if self.checkpoint and os.path.exists(path):
-            # weights_only: tensors, NumPy arrays and plain data; a file naming other objects is refused, not run.
-            self.replay.load_state_dict(checkpoint.read(path))
+        """Loads `replay.pt`, or if it does not load (truncated, corrupt, refused as unsafe, another capacity)
+        `replay.previous.pt`, or else starts empty; each file passed over is named with why on stderr."""
+        if not self.checkpoint:
+            return
+        for name in (self.REPLAY_FILE, self.PREVIOUS_REPLAY_FILE):
+            path = os.path.join(logdir, name)
+            if not os.path.exists(path):
+                continue
+            try:
+                # weights_only: tensors, NumPy arrays and plain data; a file naming other objects is refused, not run.
+                self.replay.load_state_dict(checkpoint.read(path))
+            except Exception as error:  # noqa: BLE001 - any unreadable file: the previous one, else empty
+                print(f"[learner] replay {path} does not load ({type(error).__name__}: {error}); trying the "
+                      f"previous replay file, else starting with an empty replay", file=sys.stderr, flush=True)
+                continue
             print(f"[learner] restored replay from {path}: {self.replay.size:,} sequences", flush=True)
+            return

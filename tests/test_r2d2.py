@@ -166,7 +166,7 @@ def test_checkpoint_keeps_target_network_and_optionally_the_replay(tmp_path):
     assert without.experience.replay.size == 0  # the replay refills after a restart
 
 
-def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path):
+def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path, capsys):
     """The replay file is read with torch.load(weights_only=True) as checkpoints are: its NumPy priorities and
     generations load, an object of the file's choosing does not."""
     import datetime
@@ -185,8 +185,13 @@ def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path):
     state = read(str(path))
     state["note"] = datetime.datetime(2026, 11, 26)  # any class beyond tensors and NumPy data
     torch.save(state, path)
+    # Refused like a checkpoint that names such an object: passed over (no previous replay file here: empty).
     with pytest.raises(UnsafeCheckpoint, match=r"replay.pt: got the Python object datetime.datetime"):
-        Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
+        read(str(path))
+    capsys.readouterr()
+    Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
+    printed = capsys.readouterr()
+    assert "replay.pt does not load (UnsafeCheckpoint" in printed.err and "restored replay" not in printed.out
 
 
 def _meta_act(agent, network, env_ids):
