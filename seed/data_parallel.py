@@ -17,7 +17,8 @@ R2D2: over sequences of importance-weighted TD sums), so the mean of the ranks' 
 whole batch's loss, and the averaged gradient its gradient. Shares of unequal size (a PPO minibatch of an odd
 number of columns) scale each rank's loss by its share of the columns (`Shard.loss_scale`). What is not a mean
 over columns is computed on the whole batch on every rank: the policy-lag check, and PPO's advantage
-normalisation over each minibatch (the whole minibatch's, then sharded). Logged loss metrics are rank 0's
+normalisation over each minibatch (the whole minibatch's, then sharded); the policy-lag drop is decided on the
+largest lag any rank saw (`Shard.agreed_lag`), so every rank drops or trains a batch alike. Logged loss metrics are rank 0's
 share's; gradient_norm is the averaged gradient's (the whole batch's).
 R2D2: each rank computes its sequences' priorities; rank 0 gathers them in batch order (`gather_columns`).
 """
@@ -104,6 +105,18 @@ class Shard:
         flat /= self.world
         for grad, averaged in zip(grads, torch._utils._unflatten_dense_tensors(flat, grads), strict=True):
             grad.copy_(averaged)
+
+    def agreed_lag(self, lag: int) -> int:
+        """The largest policy lag (updates) any rank saw in this batch, on every rank: one all_reduce (MAX).
+
+        Every rank reads the same slot, so this is normally `lag` itself; agreeing on it makes the drop decision
+        (--max_policy_lag) the same on every rank, and makes rank 0 report a dropped batch, which frees its slot
+        for the next batch, only after every rank has read the slot. Without it a rank behind could read the
+        slot's next batch, train where rank 0 dropped, and the ranks' updates would pair up wrongly or hang."""
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        agreed = torch.tensor([lag], dtype=torch.int64, device=device)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+        return int(agreed.item())
 
     def gather_columns(self, values: torch.Tensor, count: int) -> torch.Tensor:
         """Every rank's share of per-column values [share] -> the whole batch's [count] in batch order (every rank

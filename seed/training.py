@@ -58,6 +58,8 @@ def train_on_batch(agent: Any, optimizer: torch.optim.Optimizer, batch: Training
     share of the columns and averages the gradients with the other ranks before the clip; the policy-lag check
     is the whole batch's, and the priorities (R2D2) are the whole batch's, gathered in batch order."""
     lag = policy_lag(batch.unrolls, train_steps)
+    if config.max_policy_lag and shard is not None:  # every rank drops or trains alike, once all read the slot
+        lag = shard.agreed_lag(lag)
     if config.max_policy_lag and lag > config.max_policy_lag:
         return StepResult(False, {})
     priorities = None
