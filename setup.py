@@ -94,6 +94,7 @@ setup(
         # seed-eval --video: imageio writes the frames, imageio-ffmpeg ships an ffmpeg binary for MP4, pygame
         # draws gymnasium's classic-control screens (CartPole's rgb_array render).
         "video": ["imageio", "imageio-ffmpeg", "pygame"],
+        "wandb": ["wandb"],  # --wandb_project: the Weights & Biases metrics sink (seed/wandb_sink.py)
         "test": ["pytest", "ruff", "pyyaml", "kubernetes-validate==1.37.0", "cryptography"],
     },
     entry_points={

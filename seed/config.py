@@ -127,6 +127,11 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                      "(one graph per padded batch size).")
     total_environment_frames: float = _field(1e9, "Stop after this many env frames (agent steps x action repeat).")
     log_interval_s: float = _field(10.0, "Seconds between progress lines / metrics.jsonl rows.")
+    wandb_project: str = _field("", "Weights & Biases: log the configuration, every metrics row (against env frames) "
+                                     "and videos to this project ('' = off; needs the wandb extra).")
+    wandb_entity: str = _field("", "Weights & Biases: the team or user owning --wandb_project ('' = your default).")
+    wandb_mode: str = _field("online", "Weights & Biases: online, offline (written under the logdir or $WANDB_DIR "
+                                       "for `wandb sync`) or disabled.")
     checkpoint_interval_s: float = _field(600.0, "Seconds between checkpoints (one is always written on exit).")
     keep_checkpoints: int = _field(3, "Checkpoint files kept in the logdir (checkpoint-<n>.pt, newest last); a resume "
                                       "falls back to the previous one if the newest does not load.")

@@ -26,7 +26,9 @@ scores, (score - random) / (human - random).
 
 The JSON report (`--out`, default `<logdir>/eval.json`) holds the summary, the per-episode values, the
 checkpoint's path and counters, agent, env, seed and wall time. `--video=FILE.mp4|.gif` records env 0's first
-episode (needs the `video` extra: `pip install 'seed-rl-torch[video]'`). User errors exit with status 2.
+episode (needs the `video` extra: `pip install 'seed-rl-torch[video]'`). `--wandb_project` also logs the summary
+and the video to a Weights & Biases run (job type eval, grouped with the learner's run by the logdir's name, at the
+checkpoint's env frames; seed/wandb_sink.py). User errors exit with status 2.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import numpy as np
 from absl import app, flags
 
 from seed.config import LearnerConfig, define_flags, explicit_flags
+from seed.wandb_sink import check_wandb_mode
 
 EVAL_SEED_OFFSET = 1_000_000  # eval env k uses seed + k; training envs use seed + env id < num_envs
 VIDEO_EXTENSIONS = (".mp4", ".gif")
@@ -76,6 +79,10 @@ class EvalConfig:
     video: str = _flag("", "Record env 0's first episode to this .mp4 or .gif file ('' = no video).")
     video_fps: float = _flag(30.0, "Frames per second of the video (one frame per agent step).")
     device: str = _flag("cpu", "Device for the network: cpu or cuda:N.")
+    wandb_project: str = _flag("", "Weights & Biases: log the summary and the video to this project ('' = off; "
+                                   "needs the wandb extra).")
+    wandb_entity: str = _flag("", "Weights & Biases: the team or user owning --wandb_project ('' = your default).")
+    wandb_mode: str = _flag("online", "Weights & Biases: online, offline or disabled.")
 
 
 # ----------------------------------------------------------------------------------------------- checkpoint
@@ -349,6 +356,8 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
         raise UserError(f"--num_envs: got {options.num_envs}, expected >= 1")
     if not (options.device == "cpu" or options.device.startswith("cuda")):
         raise UserError(f"--device: got {options.device!r}, expected cpu or cuda:N")
+    if options.wandb_project and check_wandb_mode(options.wandb_mode):
+        raise UserError(check_wandb_mode(options.wandb_mode))
     path, state = load_checkpoint(options.logdir, options.checkpoint)
     config = check_checkpoint(state, path, options.agent, options.env)
     if "eval_greedy" in explicit:
@@ -421,6 +430,30 @@ def summary_line(report: dict[str, Any]) -> str:
     return line + f" ({report['wall_time_s']:.1f} s)"
 
 
+def log_to_wandb(options: EvalConfig, report: dict[str, Any]) -> None:
+    """--wandb_project: the evaluation's settings, its summary numbers (eval/return_mean, ...) and the video in a
+    W&B run at the checkpoint's env frames. A W&B failure is one warning (seed/metrics_sinks.py), not an error:
+    the report is already written."""
+    from seed.metrics import MetricsWriter
+    from seed.metrics_sinks import SinkSettings
+
+    logdir = options.logdir or os.path.dirname(os.path.abspath(options.checkpoint))
+    wandb_flags = {"wandb_project": options.wandb_project, "wandb_entity": options.wandb_entity,
+                   "wandb_mode": options.wandb_mode}
+    writer = MetricsWriter.open(SinkSettings(logdir, wandb_flags, job_type="eval"), ["wandb"])
+    step = int(report["counters"].get("env_frames", 0))
+    writer.write_config({**dataclasses.asdict(options), **{key: report[key] for key in
+                                                           ("checkpoint", "agent", "env", "policy", "seed")}})
+    row = {f"eval/{key}": report[key] for key in ("episodes", "return_mean", "return_median", "return_min",
+                                                  "return_max", "return_std", "wall_time_s")}
+    if report["human_normalized"] is not None:
+        row["eval/human_normalized_mean"] = report["human_normalized"]["mean"]
+    writer.write({**row, "env_frames": step})
+    if report["video"] is not None:
+        writer.write_video(report["video"]["path"], step)
+    writer.close()
+
+
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -440,6 +473,8 @@ def main(argv: list[str]) -> None:
     print(summary_line(report))
     print(f"seed-eval: wrote {os.path.abspath(out)}" +
           (f" and {report['video']['path']} ({report['video']['frames']} frames)" if report["video"] else ""))
+    if options.wandb_project:
+        log_to_wandb(options, report)
 
 
 def run() -> None:

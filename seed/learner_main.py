@@ -94,6 +94,7 @@ def validate(config: LearnerConfig) -> None:
          f"0 for --agent={config.agent} (burn-in is an R2D2 setting; this agent would train on its padding)"),
         ("keep_checkpoints", config.keep_checkpoints >= 1, ">= 1"),
         ("training_process_timeout_s", config.training_process_timeout_s > 0, "> 0"),
+        ("wandb_mode", config.wandb_mode in ("online", "offline", "disabled"), "online, offline or disabled"),
     ]
     checks += [
         ("sync", config.sync in ("hts", "async"), "hts or async"),

@@ -105,14 +105,21 @@ def open_tensorboard(settings: SinkSettings) -> TensorBoardSink | None:
     return TensorBoardSink(SummaryWriter(settings.logdir))
 
 
+def open_wandb(settings: SinkSettings) -> MetricsSink | None:
+    from seed.wandb_sink import open_wandb_sink  # seed/wandb_sink.py imports wandb only with a project
+
+    return open_wandb_sink(settings)
+
+
 # name -> factory: a sink for these settings, or None when it is off for them (e.g. W&B without a project). A
-# factory that raises (a missing package, an unwritable logdir) is skipped with a warning. Rows go to the sinks in
+# factory that raises (a missing package, a refused login) is skipped with a warning. Rows go to the sinks in
 # this order.
 SinkFactory = Callable[[SinkSettings], "MetricsSink | None"]
 SINKS: dict[str, SinkFactory] = {
     "jsonl": lambda settings: JsonlSink(settings.logdir),
     "progress": lambda settings: ProgressSink(settings.show_raw_return),
     "tensorboard": open_tensorboard,
+    "wandb": open_wandb,
 }
 
 
