@@ -42,91 +42,68 @@ class Learner:
     stopped.
 
     `security` (TLS, token) is what the serving process listens with; None builds it from `config`'s flags.
-    The parts are attributes (`agent`, `optimizer`, `metrics`, `experience`, `sink`, `slab`, `inferences` and
-    `inference`, the first of them, `batchers`, `training_process`, `serving`, `writer`, ...) for tests and
-    library use; `training_loop` and `supervision` hold the loop and its supervision.
+    The parts are handed out, not mirrored: `parts` (seed/learner_builder.py's `LearnerParts`: `agent`,
+    `optimizer`, `metrics`, `experience`, `sink`, `channels.slab`, `inferences`, `batchers`, `training_process`,
+    `serving`, `writer`, `training_loop` and `supervision`, ...) for tests and library use.
     """
 
     def __init__(self, config: LearnerConfig, spec: EnvSpec | None = None, security: TransportSecurity | None = None):
-        parts = build_learner(config, spec, security)
-        self.parts = parts
+        self.parts = build_learner(config, spec, security)
         self.config = config
-        self.spec = parts.spec
-        self.training_device = parts.training_device
-        self.inference_devices = parts.inference_devices
-        self.stop_event = parts.stop_event
-        self.agent = parts.agent
-        self.optimizer = parts.optimizer
-        self.metrics = parts.metrics
-        self.episodes = parts.episodes
-        self.experience = parts.experience
-        self.sink = parts.sink
-        self.training_process = parts.training_process
-        self.slab = parts.channels.slab
-        self.inferences = parts.inferences
-        self.inference = self.inferences[0]
-        self.batchers = parts.batchers
-        self.priority_refresher = parts.priority_refresher
-        self.serving = parts.serving
-        self.writer = parts.writer
-        self.reference_scores = parts.reference_scores
-        self.training_loop = parts.training_loop
-        self.supervision = parts.supervision
-        self.watchdog = parts.supervision.watchdog
         self.bound_addresses: list[str] = []
 
     @property
     def dropped_lagging_batches(self) -> int:
         """Batches --max_policy_lag dropped (counted here, or by the training process)."""
-        return self.training_loop.dropped_lagging_batches
+        return self.parts.training_loop.dropped_lagging_batches
 
     def is_eval_env(self, env_ids: torch.Tensor) -> torch.Tensor:
         """The last `num_eval_envs` env ids only evaluate."""
-        return self.episodes.is_eval_env(env_ids)
+        return self.parts.episodes.is_eval_env(env_ids)
 
     def _on_actor_episodes(self, episodes: list[tuple[int, float]]) -> None:
         """(env id, raw return) of episodes the actors reported finished (from the serving process)."""
-        self.episodes.on_actor_episodes(episodes)
+        self.parts.episodes.on_actor_episodes(episodes)
 
     def request_stop(self, *_: Any) -> None:
-        self.stop_event.set()
+        self.parts.stop_event.set()
 
     def checkpoint(self, with_experience: bool = True) -> None:
         """Writes the next rotated checkpoint (seed/checkpoint.py) and, if `with_experience`, the replay."""
-        self.training_loop.checkpoint(with_experience)
+        self.parts.training_loop.checkpoint(with_experience)
 
     def train_step(self) -> bool:
         """One optimizer step on the next prefetched batch; False if none arrived in time."""
-        return self.training_loop.train_step()
+        return self.parts.training_loop.train_step()
 
     def collect_updates(self, timeout_s: float) -> bool:
         """--training_process: records the updates the training process reported (waiting up to `timeout_s`
         for one) and publishes the newest parameters to inference; whether there were any."""
-        return self.training_loop.collect_updates(timeout_s)
+        return self.parts.training_loop.collect_updates(timeout_s)
 
     def run(self) -> dict[str, Any]:
         """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary."""
-        config = self.config
-        self.bound_addresses = self.supervision.start()
+        config, parts = self.config, self.parts
+        self.bound_addresses = parts.supervision.start()
         print(f"[learner] agent={config.agent} env={config.env} listening on {', '.join(self.bound_addresses)} "
               f"num_envs={config.num_envs} logdir={config.logdir}", flush=True)
 
         start = time.monotonic()
-        start_frames = self.metrics.env_frames
-        logger = PeriodicLogger(self.log_row, self.writer, self.metrics, config.log_interval_s, start)
+        start_frames = parts.metrics.env_frames
+        logger = PeriodicLogger(self.log_row, parts.writer, parts.metrics, config.log_interval_s, start)
         logger.start()
-        self.supervision.watch(logger.thread)
+        parts.supervision.watch(logger.thread)
         failure = None  # a helper thread that died
         finished = False  # until the loop ends normally: a step that raised may have half-updated the network
         try:
-            failure = self.training_loop.run(self.supervision.poll)
+            failure = parts.training_loop.run(parts.supervision.poll)
             finished = True
         finally:
-            self.supervision.stop(self.checkpoint if finished else None, failure,
-                                  then=(logger.finish, self.writer.close))
+            parts.supervision.stop(self.checkpoint if finished else None, failure,
+                                   then=(logger.finish, parts.writer.close))
         if failure is not None:
             raise ThreadDied(failure)
-        summary = run_summary(self.metrics, time.monotonic() - start, start_frames, logger.last_return_mean,
+        summary = run_summary(parts.metrics, time.monotonic() - start, start_frames, logger.last_return_mean,
                               config.seed)
         with open(os.path.join(config.logdir, "summary.json"), "w") as f:
             json.dump(summary, f)
@@ -142,4 +119,5 @@ class Learner:
     def log_row(self, elapsed_s: float, window_s: float) -> dict[str, Any]:
         """Extra values for the metrics row (agents with replay add theirs through `agent.metrics()`)."""
         dropped = self.dropped_lagging_batches if self.config.max_policy_lag else None
-        return metrics_row(self.metrics, self.experience, elapsed_s, window_s, dropped, self.reference_scores)
+        parts = self.parts
+        return metrics_row(parts.metrics, parts.experience, elapsed_s, window_s, dropped, parts.reference_scores)

@@ -94,8 +94,8 @@ def test_learner_logs_human_normalised_returns(tmp_path):
     config = resolve_config(dict(env="atari:Pong", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",
                                  num_actors=1, num_eval_envs=1))
     learner = Learner(config)
-    learner.metrics.record_episodes(np.array([-20.0, -10.0]), np.array([800, 900]))
-    learner.metrics.record_eval_episodes(np.array([14.6]), np.array([900]))
+    learner.parts.metrics.record_episodes(np.array([-20.0, -10.0]), np.array([800, 900]))
+    learner.parts.metrics.record_eval_episodes(np.array([14.6]), np.array([900]))
     row = learner.log_row(1.0, 1.0)
     human, random = 14.6, -20.7  # Pong in the shared reference table
     assert row["episode_human_normalized"] == pytest.approx((-15.0 - random) / (human - random))

@@ -157,11 +157,11 @@ def test_resumed_learner_restores_parameters_optimizer_counters_and_serves_the_r
     first = make_learner(logdir)
     # Training that moves every parameter and fills Adam's moments.
     for _ in range(3):
-        loss = sum((p * p).sum() for p in first.agent.network.parameters())
-        first.optimizer.zero_grad()
+        loss = sum((p * p).sum() for p in first.parts.agent.network.parameters())
+        first.parts.optimizer.zero_grad()
         loss.backward()
-        first.optimizer.step()
-    first.metrics.env_frames, first.metrics.train_steps, first.metrics.episodes = 1234, 3, 17
+        first.parts.optimizer.step()
+    first.parts.metrics.env_frames, first.parts.metrics.train_steps, first.parts.metrics.episodes = 1234, 3, 17
     first.checkpoint()
     first._close()
     path, saved = checkpoint.latest(logdir)
@@ -170,20 +170,21 @@ def test_resumed_learner_restores_parameters_optimizer_counters_and_serves_the_r
     fresh = make_learner(str(tmp_path / "fresh"))  # what a learner that ignored its checkpoint would hold
     try:
         assert path.endswith("checkpoint-00000001.pt")
-        for name, value in second.agent.network.state_dict().items():
-            assert torch.equal(value, first.agent.network.state_dict()[name]), name
-        assert any(not torch.equal(v, fresh.agent.network.state_dict()[k])
-                   for k, v in second.agent.network.state_dict().items())
+        for name, value in second.parts.agent.network.state_dict().items():
+            assert torch.equal(value, first.parts.agent.network.state_dict()[name]), name
+        assert any(not torch.equal(v, fresh.parts.agent.network.state_dict()[k])
+                   for k, v in second.parts.agent.network.state_dict().items())
         # Adam's step count and moments came back (a fresh optimizer has no state at all).
-        restored_state = second.optimizer.state_dict()["state"]
+        restored_state = second.parts.optimizer.state_dict()["state"]
         assert len(restored_state) == len(saved["optimizer"]["state"]) > 0
         for index, moments in saved["optimizer"]["state"].items():
             for key in ("step", "exp_avg", "exp_avg_sq"):
                 assert torch.equal(restored_state[index][key], moments[key]), (index, key)
-        assert (second.metrics.env_frames, second.metrics.train_steps, second.metrics.episodes) == (1234, 3, 17)
+        metrics = second.parts.metrics
+        assert (metrics.env_frames, metrics.train_steps, metrics.episodes) == (1234, 3, 17)
         # Every inference device starts from the restored network, not from a fresh initialisation.
-        expected = first.agent.network.state_dict()
-        for inference in second.inferences:
+        expected = first.parts.agent.network.state_dict()
+        for inference in second.parts.inferences:
             for name, value in inference.network.state_dict().items():
                 assert torch.equal(value, expected[name]), name
     finally:

@@ -140,7 +140,7 @@ def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(
     extra = dict(replay_min_size=16, replay_capacity=256, burn_in=2) if agent_name == "r2d2" else {}
     learner = Learner(resolve_config(_learner_args(tmp_path, agent=agent_name, max_train_steps=12,
                                                    checkpoint_interval_s=3600, **extra)))
-    assert len(learner.training_process.ranks) == 2
+    assert len(learner.parts.training_process.ranks) == 2
     raised: list[BaseException] = []
 
     def run():
@@ -158,17 +158,17 @@ def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(
         runner.join(30)
         pytest.fail("the learner did not stop at --max_train_steps")
     assert not raised, raised
-    assert learner.metrics.train_steps == 12
-    assert not learner.training_process.alive(), "a training rank outlived the learner's stop"
+    assert learner.parts.metrics.train_steps == 12
+    assert not learner.parts.training_process.alive(), "a training rank outlived the learner's stop"
     _, saved = checkpoint.latest(learner.config.logdir)  # rank 0's state, the 12th update's
     assert saved["counters"]["train_steps"] == 12
-    learner.inference.parameters.refresh()
-    assert learner.inference.parameters.applied == 12
-    served = learner.inference.network.state_dict()
+    learner.parts.inferences[0].parameters.refresh()
+    assert learner.parts.inferences[0].parameters.applied == 12
+    served = learner.parts.inferences[0].network.state_dict()
     for name, tensor in saved["agent"]["network"].items():
         assert torch.equal(served[name].cpu(), tensor.cpu()), name
     if agent_name == "r2d2":  # every slot of every batch got its new priority (or was written since)
-        replay = learner.experience.replay
+        replay = learner.parts.experience.replay
         assert replay.priority_updates + replay.stale_priority_updates == 12 * learner.config.batch_size
         assert replay.priority_updates > 0
 

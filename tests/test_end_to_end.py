@@ -147,15 +147,15 @@ def test_each_inference_device_serves_its_actors(tmp_path):
     config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",
                                  num_actors=2, envs_per_actor=4, inference_devices="cpu,cpu", torch_threads=1))
     learner = Learner(config)
-    assert len(learner.inferences) == 2 and len(learner.batchers) == 2
-    learner.slab.live_run[:] = 1
+    assert len(learner.parts.inferences) == 2 and len(learner.parts.batchers) == 2
+    learner.parts.channels.slab.live_run[:] = 1
     for actor in (0, 1):
-        inference = learner.inferences[actor % 2]
+        inference = learner.parts.inferences[actor % 2]
         step = (actor, 1, np.zeros((4, 8), np.float32), np.zeros(4, np.float32), np.zeros(4, bool), np.zeros(4, bool))
         status, actions = serve_steps(inference, [step])[actor]
         assert status == REPLY_OK and actions.shape == (4,)
-    assert learner.inferences[0].actor_run.tolist() == [1, 0]
-    assert learner.inferences[1].actor_run.tolist() == [0, 1]
+    assert learner.parts.inferences[0].actor_run.tolist() == [1, 0]
+    assert learner.parts.inferences[1].actor_run.tolist() == [0, 1]
 
 
 def test_trained_parameters_reach_every_inference_device(tmp_path):
@@ -171,28 +171,28 @@ def test_trained_parameters_reach_every_inference_device(tmp_path):
                                  inference_devices="cpu,cpu", torch_threads=1))
     learner = Learner(config)
     try:
-        learner.slab.live_run[:] = 1
+        learner.parts.channels.slab.live_run[:] = 1
 
         def serve_each_actor():
             for actor in (0, 1):
                 step = (actor, 1, np.zeros((2, 8), np.float32), np.zeros(2, np.float32), np.zeros(2, bool),
                         np.zeros(2, bool))
-                serve_steps(learner.inferences[actor % 2], [step])
+                serve_steps(learner.parts.inferences[actor % 2], [step])
 
         for _ in range(config.unroll_length + 1):  # each env completes one unroll: 4 unrolls, one batch
             serve_each_actor()
-        learner.sink.start()
-        learner.experience.start()
-        before = {k: v.clone() for k, v in learner.agent.network.state_dict().items()}
+        learner.parts.sink.start()
+        learner.parts.experience.start()
+        before = {k: v.clone() for k, v in learner.parts.agent.network.state_dict().items()}
         wait_for(learner.train_step, 20, "a training step on the served unrolls")
-        trained = learner.agent.network.state_dict()
+        trained = learner.parts.agent.network.state_dict()
         assert any(not torch.equal(before[k], trained[k]) for k in trained)
         serve_each_actor()  # inference picks up published parameters between batches
-        for device, inference in enumerate(learner.inferences):
+        for device, inference in enumerate(learner.parts.inferences):
             for name, value in inference.network.state_dict().items():
                 assert torch.equal(value, trained[name]), (device, name)
     finally:
-        learner.stop_event.set()
+        learner.parts.stop_event.set()
         learner._close()
 
 

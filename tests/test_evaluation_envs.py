@@ -35,14 +35,14 @@ def _unroll(env_id: int, length: int = 3) -> Unroll:
 def test_vtrace_never_trains_on_eval_envs(tmp_path):
     learner = Learner(_config(tmp_path, num_eval_envs=1, batch_size=1))
     try:
-        learner.sink.start()
-        learner.sink.put([_unroll(e) for e in range(4)])  # env 3 is the eval env (the last of 4)
+        learner.parts.sink.start()
+        learner.parts.sink.put([_unroll(e) for e in range(4)])  # env 3 is the eval env (the last of 4)
         queued = []
-        while (unroll := learner.experience.queue.get(1.0)) is not None:
+        while (unroll := learner.parts.experience.queue.get(1.0)) is not None:
             queued.append(int(unroll.env_id))
         assert sorted(queued) == [0, 1, 2]
     finally:
-        learner.stop_event.set()
+        learner.parts.stop_event.set()
         learner._close()
 
 
@@ -122,16 +122,16 @@ def test_eval_score_comes_from_the_eval_envs_raw_returns_and_survives_a_resume(t
     learner = Learner(_config(tmp_path, num_eval_envs=1))  # 4 envs: env id 3 evaluates
     try:
         learner._on_actor_episodes([(0, 2.0), (3, 1.0), (1, 4.0), (3, 0.0)])
-        row = learner.metrics.snapshot(1.0, {"window_s": 1.0})
+        row = learner.parts.metrics.snapshot(1.0, {"window_s": 1.0})
         assert row["episode_raw_return_mean"] == 3.0
         assert row["eval/score_running_mean_100"] == 0.5
         learner.checkpoint(with_experience=False)
     finally:
-        learner.stop_event.set()
+        learner.parts.stop_event.set()
         learner._close()
     resumed = Learner(_config(tmp_path, num_eval_envs=1))
     try:
-        assert list(resumed.metrics.eval_scores) == [1.0, 0.0]
+        assert list(resumed.parts.metrics.eval_scores) == [1.0, 0.0]
     finally:
-        resumed.stop_event.set()
+        resumed.parts.stop_event.set()
         resumed._close()

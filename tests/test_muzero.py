@@ -225,19 +225,19 @@ def test_loss_decreases_on_a_fixed_batch(tmp_path):
 def test_act_stores_the_search_policy_and_root_value_and_a_training_step_updates_priorities(tmp_path):
     config = _config(tmp_path, num_eval_envs=1, target_update_interval=2, replay_ratio=1.0)
     learner = Learner(config)
-    learner.slab.live_run[:] = 1
+    learner.parts.channels.slab.live_run[:] = 1
     emitted: list[Unroll] = []
 
     def sink(unrolls):
         emitted.extend(unrolls)
-        learner.experience.sink(unrolls)
+        learner.parts.experience.sink(unrolls)
 
-    learner.inference.sink = sink
+    learner.parts.inferences[0].sink = sink
     rng = np.random.default_rng(0)
     for g in range(40):
         requests = [(a, 1, rng.normal(size=(2, 8)).astype(np.float32), np.ones(2, np.float32),
                      np.full(2, g % 9 == 8), np.zeros(2, bool)) for a in range(2)]
-        replies = serve_steps(learner.inference, requests)
+        replies = serve_steps(learner.parts.inferences[0], requests)
         assert all(status == REPLY_OK for status, _ in replies.values()), replies
     assert emitted
     unroll = emitted[0]
@@ -247,12 +247,12 @@ def test_act_stores_the_search_policy_and_root_value_and_a_training_step_updates
     # Normalised visit counts of 8 simulations, each of which visits one root child.
     assert bool(((policy * 8).round() - policy * 8).abs().max() < 1e-4)
     assert unroll.root_value.dtype == torch.float32
-    replay = learner.experience.replay
+    replay = learner.parts.experience.replay
     assert replay.size > 0 and set(replay._env_ids[: replay.size].tolist()) <= {0, 1, 2}  # env 3 evaluates
     before = replay.tree.get(np.arange(replay.size)).copy()
     assert learner.train_step() and learner.train_step()
-    assert learner.agent.train_steps == 2
-    online, target = learner.agent.network.state_dict(), learner.agent.target_network.state_dict()
+    assert learner.parts.agent.train_steps == 2
+    online, target = learner.parts.agent.network.state_dict(), learner.parts.agent.target_network.state_dict()
     assert all(torch.equal(online[k], target[k]) for k in online)  # copied at update 2
     assert not np.allclose(before, replay.tree.get(np.arange(replay.size)))
 

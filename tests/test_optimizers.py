@@ -205,7 +205,7 @@ def test_a_vtrace_learner_trains_with_clipped_lars_in_its_training_process(proce
                                  fake_episode_length=20, training_process=True, max_train_steps=8,
                                  optimizer="clipped_lars", learning_rate=0.05, lars_warmup_steps=4))
     learner = Learner(config)
-    initial = {k: v.clone() for k, v in learner.agent.network.state_dict().items()}
+    initial = {k: v.clone() for k, v in learner.parts.agent.network.state_dict().items()}
     raised: list[BaseException] = []
     runner = threading.Thread(target=lambda: _run(learner, raised))
     runner.start()
@@ -218,7 +218,7 @@ def test_a_vtrace_learner_trains_with_clipped_lars_in_its_training_process(proce
         runner.join(30)
         pytest.fail("the learner did not stop at --max_train_steps")
     assert not raised, raised
-    assert learner.metrics.train_steps == 8
+    assert learner.parts.metrics.train_steps == 8
     _, saved = checkpoint.latest(config.logdir)
     assert saved["optimizer"]["state"]["steps"] == 8
     assert any(not torch.equal(saved["agent"]["network"][k], v) for k, v in initial.items())

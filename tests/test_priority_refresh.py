@@ -148,7 +148,7 @@ def test_an_r2d2_learner_on_cartpole_refreshes_every_priority_while_it_trains(pr
                      replay_capacity=64, replay_min_size=8, max_train_steps=40, log_interval_s=0.5,
                      priority_refresh_interval_s=0.1, checkpoint_interval_s=3600)
     learner = Learner(config)
-    assert learner.training_process is not None and learner.priority_refresher is not None
+    assert learner.parts.training_process is not None and learner.parts.priority_refresher is not None
     raised: list[BaseException] = []
 
     def run():
@@ -167,8 +167,8 @@ def test_an_r2d2_learner_on_cartpole_refreshes_every_priority_while_it_trains(pr
         runner.join(30)
         pytest.fail("the learner did not stop at --max_train_steps")
     assert not raised, raised
-    assert learner.metrics.train_steps == 40
-    refresher = learner.priority_refresher
+    assert learner.parts.metrics.train_steps == 40
+    refresher = learner.parts.priority_refresher
     assert not refresher.thread.is_alive()
     assert refresher.sweeps >= 1 and refresher.version > 0  # it swept with a trained network
     rows = read_metrics(config.logdir)

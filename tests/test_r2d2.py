@@ -35,14 +35,14 @@ def _request(actor, g, k=2, rng=None, done=None):
 
 def _learner(config):
     learner = Learner(config)
-    learner.slab.live_run[:] = 1  # both actors handshook with run id 1
-    learner.inference.sink = learner.experience.sink  # no sink thread: unrolls go straight to replay
+    learner.parts.channels.slab.live_run[:] = 1  # both actors handshook with run id 1
+    learner.parts.inferences[0].sink = learner.parts.experience.sink  # no sink thread: unrolls go straight to replay
     return learner
 
 
 def test_burn_in_reaches_the_state_inference_had_at_the_first_trained_step(tmp_path):
     learner = _learner(_config(tmp_path, num_eval_envs=0))
-    inference = learner.inference
+    inference = learner.parts.inferences[0]
     emitted: list[Unroll] = []
     inference.sink = emitted.extend
     states_after = {}  # global step g -> state row of env 0 after processing step g
@@ -52,7 +52,7 @@ def test_burn_in_reaches_the_state_inference_had_at_the_first_trained_step(tmp_p
         states_after[g] = {k: v[0].clone() for k, v in inference.state_table.agent_state.items()}
     env0 = [u for u in emitted if int(u.env_id) == 0]
     assert len(env0) >= 3
-    agent = learner.agent
+    agent = learner.parts.agent
     # Inference and learner share the frozen weights here.
     agent.network.load_state_dict(inference.network.state_dict())
     agent.target_network.load_state_dict(inference.network.state_dict())
@@ -73,49 +73,49 @@ def test_eval_envs_never_enter_replay_and_are_logged_apart(tmp_path):
     learner = _learner(_config(tmp_path, num_eval_envs=2, fake_episode_length=5, replay_ratio=0.01))
     for g in range(40):
         done = np.full(2, g % 7 == 6)
-        serve_steps(learner.inference, [_request(0, g, done=done), _request(1, g, done=done)])
-    replay = learner.experience.replay
+        serve_steps(learner.parts.inferences[0], [_request(0, g, done=done), _request(1, g, done=done)])
+    replay = learner.parts.experience.replay
     assert replay.inserted > 0
     stored = set(replay._env_ids[: replay.size].tolist())
     assert stored == {0, 1}  # env ids 2 and 3 are the eval envs
-    row = learner.metrics.snapshot(1.0, {"window_s": 1.0})
+    row = learner.parts.metrics.snapshot(1.0, {"window_s": 1.0})
     assert row["eval_episode_return_mean"] is not None and row["episode_return_mean"] is not None
-    eps = learner.agent.epsilons
+    eps = learner.parts.agent.epsilons
     assert eps[:2].tolist() == pytest.approx([0.4, 0.4 ** 8]) and eps[2:].tolist() == pytest.approx([1e-3, 1e-3])
 
 
 def test_training_step_updates_priorities_and_target_copy(tmp_path):
     learner = _learner(_config(tmp_path, target_update_interval=2, replay_ratio=1.0))
     for g in range(20):  # 3 sequences per env: within what the replay ratio lets run ahead
-        serve_steps(learner.inference, [_request(0, g), _request(1, g)])
-    replay = learner.experience.replay
+        serve_steps(learner.parts.inferences[0], [_request(0, g), _request(1, g)])
+    replay = learner.parts.experience.replay
     assert learner.train_step()
     # The first step samples how far Adam moves the weights (seed/optimizer_stats.py): a fraction of lr.
-    fraction = learner.metrics.snapshot(1.0, {"window_s": 1.0})["optimizer/adam_step_fraction"]
+    fraction = learner.parts.metrics.snapshot(1.0, {"window_s": 1.0})["optimizer/adam_step_fraction"]
     assert 0.0 < fraction < 1.0
-    online = learner.agent.network.state_dict()
-    target = learner.agent.target_network.state_dict()
+    online = learner.parts.agent.network.state_dict()
+    target = learner.parts.agent.target_network.state_dict()
     assert any(not torch.equal(online[k], target[k]) for k in online)
     # Inference, online and target nets started equal, so the first update's priorities matched the initial
     # ones; after one optimizer step the recomputed priorities differ.
     before = replay.tree.get(np.arange(replay.size)).copy()
     assert learner.train_step()  # step 2: also the hard target copy
     assert not np.allclose(before, replay.tree.get(np.arange(replay.size)))
-    target = learner.agent.target_network.state_dict()
-    assert all(torch.equal(learner.agent.network.state_dict()[k], target[k]) for k in online)
+    target = learner.parts.agent.target_network.state_dict()
+    assert all(torch.equal(learner.parts.agent.network.state_dict()[k], target[k]) for k in online)
 
 
 
 def test_training_step_writes_each_sequence_priority_to_its_own_replay_slot(tmp_path):
     learner = _learner(_config(tmp_path, replay_ratio=1.0))
     for g in range(20):
-        serve_steps(learner.inference, [_request(0, g), _request(1, g)])
-    replay = learner.experience.replay
+        serve_steps(learner.parts.inferences[0], [_request(0, g), _request(1, g)])
+    replay = learner.parts.experience.replay
     slots = np.arange(replay.capacity)
     before = replay.tree.get(slots).copy()
     seen = []
-    loss = learner.agent.loss
-    learner.agent.loss = lambda batch: seen.append((batch, loss(batch))) or seen[-1][1]
+    loss = learner.parts.agent.loss
+    learner.parts.agent.loss = lambda batch: seen.append((batch, loss(batch))) or seen[-1][1]
     assert learner.train_step()
     (batch, out), = seen
     sampled = np.asarray(batch.replay_indices)
@@ -151,19 +151,19 @@ def test_agent_rejects_burn_in_longer_than_unroll(tmp_path):
 def test_checkpoint_keeps_target_network_and_optionally_the_replay(tmp_path):
     learner = _learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
     for g in range(20):
-        serve_steps(learner.inference, [_request(0, g), _request(1, g)])
+        serve_steps(learner.parts.inferences[0], [_request(0, g), _request(1, g)])
     assert learner.train_step()
     learner.checkpoint()
-    saved_size = learner.experience.replay.size
-    target = {k: v.clone() for k, v in learner.agent.target_network.state_dict().items()}
+    saved_size = learner.parts.experience.replay.size
+    target = {k: v.clone() for k, v in learner.parts.agent.target_network.state_dict().items()}
 
     resumed = Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
-    assert resumed.metrics.train_steps == 1
-    assert resumed.experience.replay.size == saved_size > 0
-    assert all(torch.equal(v, target[k]) for k, v in resumed.agent.target_network.state_dict().items())
+    assert resumed.parts.metrics.train_steps == 1
+    assert resumed.parts.experience.replay.size == saved_size > 0
+    assert all(torch.equal(v, target[k]) for k, v in resumed.parts.agent.target_network.state_dict().items())
 
     without = Learner(_config(tmp_path, checkpoint_replay=False, replay_ratio=1.0))
-    assert without.experience.replay.size == 0  # the replay refills after a restart
+    assert without.parts.experience.replay.size == 0  # the replay refills after a restart
 
 
 def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path, capsys):
@@ -175,13 +175,13 @@ def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path, ca
 
     learner = _learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
     for g in range(20):
-        serve_steps(learner.inference, [_request(0, g), _request(1, g)])
+        serve_steps(learner.parts.inferences[0], [_request(0, g), _request(1, g)])
     learner.checkpoint()
-    priorities = learner.experience.replay.tree.get(np.arange(learner.experience.replay.capacity))
+    priorities = learner.parts.experience.replay.tree.get(np.arange(learner.parts.experience.replay.capacity))
     resumed = Learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
-    np.testing.assert_array_equal(resumed.experience.replay.tree.get(np.arange(resumed.experience.replay.capacity)),
+    np.testing.assert_array_equal(resumed.parts.experience.replay.tree.get(np.arange(resumed.parts.experience.replay.capacity)),
                                   priorities)
-    path = tmp_path / learner.experience.REPLAY_FILE
+    path = tmp_path / learner.parts.experience.REPLAY_FILE
     state = read(str(path))
     state["note"] = datetime.datetime(2026, 11, 26)  # any class beyond tensors and NumPy data
     torch.save(state, path)
@@ -210,12 +210,12 @@ def test_each_inference_device_reads_its_own_epsilons(tmp_path):
     """Two inference devices share one agent. Each reads epsilons that live on its own device, and acting on
     another device never replaces the tensor a device (or a CUDA graph captured on it) reads."""
     learner = _learner(_config(tmp_path, inference_devices="cpu,cpu"))
-    agent, (first, second) = learner.agent, learner.inferences
+    agent, (first, second) = learner.parts.agent, learner.parts.inferences
     host = agent.epsilons
     for g in range(2):  # actor a is served by device a % 2
         serve_steps(first, [_request(0, g)])
         serve_steps(second, [_request(1, g)])
-    for inference in learner.inferences:
+    for inference in learner.parts.inferences:
         epsilons = agent.epsilons_on(inference.device)
         assert epsilons.device == inference.device
         torch.testing.assert_close(epsilons, host)

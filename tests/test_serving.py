@@ -44,11 +44,11 @@ def learner(tmp_path):
                                  num_actors=3, envs_per_actor=K, use_lstm=True, lstm_size=8, mlp_sizes="16",
                                  unroll_length=2, torch_threads=1))
     learner = Learner(config)
-    learner.slab.live_run[:] = 1
+    learner.parts.channels.slab.live_run[:] = 1
     learner.unrolls = []
     learner.replies = []
-    learner.inference.sink = learner.unrolls.extend
-    learner.inference.reply = learner.replies.append
+    learner.parts.inferences[0].sink = learner.unrolls.extend
+    learner.parts.inferences[0].reply = learner.replies.append
     yield learner
     learner._close()
 
@@ -108,11 +108,11 @@ def test_batcher_flushes_a_partial_batch_at_the_timeout(slab):
 
 
 def test_rows_from_several_actors_are_served_in_one_batch(learner):
-    inference = learner.inference
+    inference = learner.parts.inferences[0]
     replies = serve_steps(inference, [_step(2), _step(0)])
     assert {a: s for a, (s, _) in replies.items()} == {2: REPLY_OK, 0: REPLY_OK}
     assert [r.tolist() for r in learner.replies] == [[2, 0]]  # one reply notification for the batch
-    num_actions = learner.spec.num_actions
+    num_actions = learner.parts.spec.num_actions
     for actor, (_, actions) in replies.items():
         assert ((actions >= 0) & (actions < num_actions)).all()
         np.testing.assert_array_equal(inference.prev_action[actor * K:(actor + 1) * K], actions)
@@ -127,12 +127,12 @@ def test_rows_from_several_actors_are_served_in_one_batch(learner):
 
 
 def test_actor_replaced_while_its_request_waits_gets_stale_and_fresh_rows(learner):
-    inference = learner.inference
+    inference = learner.parts.inferences[0]
     for _ in range(2):  # both actors step twice: their rows have state and partial unrolls
         serve_steps(inference, [_step(0), _step(1)])
     assert (inference.unroll_store.write_index[:2 * K] == 2).all()
     # Actor 1's request is in its slot when its restarted process handshakes (run 2).
-    slab = learner.slab
+    slab = learner.parts.channels.slab
     old_seq = slab.write_request(1, 1, *_step(1)[2:])
     slab.live_run[1] = 2
     survivor_seq = slab.write_request(0, 1, *_step(0)[2:])
@@ -151,7 +151,7 @@ def test_actor_replaced_while_its_request_waits_gets_stale_and_fresh_rows(learne
 
 
 def test_outdated_notification_is_ignored(learner):
-    slab, inference = learner.slab, learner.inference
+    slab, inference = learner.parts.channels.slab, learner.parts.inferences[0]
     seq = slab.write_request(0, 1, *_step(0)[2:])
     inference.run_batch(np.array([0, 0]), np.array([seq - 1, seq]))  # a leftover notification and the real one
     assert [r.tolist() for r in learner.replies] == [[0]]
@@ -160,19 +160,20 @@ def test_outdated_notification_is_ignored(learner):
 
 def test_first_contact_is_an_episode_start_with_zero_reward(learner):
     for _ in range(3):
-        serve_steps(learner.inference, [_step(0)])
+        serve_steps(learner.parts.inferences[0], [_step(0)])
     first = learner.unrolls[0]
     assert first.done.tolist() == [True, False, False]
     assert first.reward.tolist() == [0.0, 1.0, 1.0]
 
 
 def test_failing_batch_fails_its_requests_and_the_next_batch_works(learner):
-    inference = learner.inference
+    inference = learner.parts.inferences[0]
     act = inference.agent.act
     inference.agent.act = lambda *a: (_ for _ in ()).throw(RuntimeError("boom"))
     with pytest.raises(RuntimeError, match="boom"):
         serve_steps(inference, [_step(0), _step(1)])
-    assert int(learner.slab.reply_status[0]) == REPLY_FAILED and int(learner.slab.reply_status[1]) == REPLY_FAILED
+    reply_status = learner.parts.channels.slab.reply_status
+    assert int(reply_status[0]) == REPLY_FAILED and int(reply_status[1]) == REPLY_FAILED
     inference.agent.act = act
     replies = serve_steps(inference, [_step(0), _step(1)])
     assert all(status == REPLY_OK for status, _ in replies.values())
@@ -183,7 +184,7 @@ def test_slot_rewritten_while_inference_reads_it_is_dropped(learner, in_progress
     """A new serving process writes a new run into actor 0's slot between inference's check of the request and
     its copy of the rows (or is half-way through that write): the copy is dropped, never recorded as a step of
     either run nor answered, and the new run's own request is then served as its first step."""
-    inference, slab = learner.inference, learner.slab
+    inference, slab = learner.parts.inferences[0], learner.parts.channels.slab
     for _ in range(2):
         serve_steps(inference, [_step(0, observation=np.full((K, 8), 1.0, np.float32))])
     old_seq = slab.write_request(0, 1, *_step(0, observation=np.full((K, 8), 1.0, np.float32))[2:])
@@ -220,7 +221,7 @@ def test_slot_rewritten_while_inference_reads_it_is_dropped(learner, in_progress
 def test_unroll_store_failure_leaves_no_unroll_across_the_missing_step(learner):
     """The unroll store raises once after the actors were answered: the step is missing, so the actor's next
     step starts over (done, reward 0, zero state) and no emitted unroll spans the hole."""
-    inference = learner.inference
+    inference = learner.parts.inferences[0]
     append = inference.unroll_store.append
     failures = []
 
@@ -381,7 +382,7 @@ def test_new_serving_process_waits_for_the_request_its_predecessor_left(learner,
     """The serving process died with actor 1's request in its slot (notified, or not yet). The new serving
     process's first write for that actor waits until inference answered the old request (stale: a new run
     handshook), so inference never reads rows being overwritten; the new run's step is then its first step."""
-    slab, inference = learner.slab, learner.inference
+    slab, inference = learner.parts.channels.slab, learner.parts.inferences[0]
     for _ in range(2):
         serve_steps(inference, [_step(1, observation=np.full((K, 8), 1.0, np.float32))])
     request_read, request_write = notify.new_request_channel()
@@ -390,13 +391,14 @@ def test_new_serving_process_waits_for_the_request_its_predecessor_left(learner,
         notify.send_request(request_write, 1, old_seq)
     stop = threading.Event()
     reply_fds = _reply_fds(slab)
-    service = SlabService(learner.spec, slab, [request_write], reply_fds, lambda returns: None, stop)  # new process
+    # A new serving process:
+    service = SlabService(learner.parts.spec, slab, [request_write], reply_fds, lambda returns: None, stop)
     inference.reply = functools.partial(notify.send_replies, reply_fds)
     server, _, (address,) = start_grpc_server(service, [f"unix:{tmp_path}/s.sock"], 8)
     batcher = notify.RequestBatcher(request_read, slab, batch_rows=1, timeout_s=0.0)
     try:
         replies, errors, thread = _stream_in_thread(
-            address, [_handshake(learner.spec, 1, 2), _step_message(np.full((K, 8), 22.0, np.float32))])
+            address, [_handshake(learner.parts.spec, 1, 2), _step_message(np.full((K, 8), 22.0, np.float32))])
         wait_for(lambda: int(slab.live_run[1]) == 2, 10, "the new run's handshake")
         time.sleep(1.0)
         # The old request is still in the slot, unanswered: nothing overwrote it.
@@ -421,8 +423,8 @@ def test_new_serving_process_waits_for_the_request_its_predecessor_left(learner,
 
 
 def test_publish_reaches_the_inference_network_between_batches(learner):
-    inference = learner.inference
-    trained = {k: v + 1.0 if v.is_floating_point() else v for k, v in learner.agent.network.state_dict().items()}
+    inference = learner.parts.inferences[0]
+    trained = {k: v + 1.0 if v.is_floating_point() else v for k, v in learner.parts.agent.network.state_dict().items()}
     inference.publish(trained)
     before = {k: v.clone() for k, v in inference.network.state_dict().items()}
     serve_steps(inference, [_step(0)])

@@ -86,7 +86,7 @@ def test_learner_whose_prefetcher_dies_stops_with_the_error_and_a_checkpoint(tmp
     def broken_next_unroll(timeout_s):
         raise OSError("prefetcher lost its queue")
 
-    learner.experience.prefetcher._next_unroll = broken_next_unroll  # the fault, injected into the real thread
+    learner.parts.experience.prefetcher._next_unroll = broken_next_unroll  # the fault, injected into the real thread
     raised = []
 
     def run():
@@ -147,19 +147,19 @@ def test_learner_refuses_a_replay_that_cannot_fit_in_memory(tmp_path):
     # The figure it refuses with is what the replay really allocates per sequence.
     learner = Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=8, replay_min_size=1))
     try:
-        learner.slab.live_run[:] = 1
+        learner.parts.channels.slab.live_run[:] = 1
         from tests.conftest import serve_steps
 
         for _ in range(learner.config.unroll_length + 1):
-            serve_steps(learner.inference, [(0, 1, np.zeros((2, 8), np.float32), np.zeros(2, np.float32),
+            serve_steps(learner.parts.inferences[0], [(0, 1, np.zeros((2, 8), np.float32), np.zeros(2, np.float32),
                                              np.zeros(2, bool), np.zeros(2, bool))])
-        learner.sink.start()
-        replay = learner.experience.replay
+        learner.parts.sink.start()
+        replay = learner.parts.experience.replay
         wait_for(lambda: replay.size > 0, 10, "the unrolls to reach the replay")
-        assert replay.nbytes == 8 * learner.agent.replay_sequence_bytes()
+        assert replay.nbytes == 8 * learner.parts.agent.replay_sequence_bytes()
         assert available_memory_bytes() > replay.nbytes
     finally:
-        learner.stop_event.set()
+        learner.parts.stop_event.set()
         learner._close()
 
 

@@ -159,7 +159,7 @@ def hts_learner(tmp_path):
                                  server_address=f"unix:{tmp_path}/s", torch_threads=1))
     learner = Learner(config)
     yield learner
-    learner.stop_event.set()
+    learner.parts.stop_event.set()
     learner._close()
 
 
@@ -192,16 +192,16 @@ class _Harness:
     """
 
     def __init__(self, learner: Learner):
-        self.learner, self.slab, self.inference = learner, learner.slab, learner.inference
+        self.learner, self.slab, self.inference = learner, learner.parts.channels.slab, learner.parts.inferences[0]
         self.gate = self.inference.gate
-        self.experience = learner.experience
+        self.experience = learner.parts.experience
         self.inference.sink = self.experience.sink
         self.experience.start()
         self.runs: list[_Run] = []
         self.training = True
         self.version = 0
         self.batches: list[list[int]] = []  # env ids of each trained batch
-        self.parameters = {k: v.clone() for k, v in learner.agent.network.state_dict().items()}
+        self.parameters = {k: v.clone() for k, v in learner.parts.agent.network.state_dict().items()}
 
     def handshake(self, actor: int, run_id: int) -> _Run:
         self.slab.live_run[actor] = run_id  # what SlabService.register does

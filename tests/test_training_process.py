@@ -81,19 +81,19 @@ def _check_exact_updates_served_and_checkpointed(processes, tmp_path, **override
     # Checkpoints every 0.2 s while the training process goes on updating: each must be one update's state.
     learner = Learner(_config(tmp_path, max_train_steps=25, checkpoint_interval_s=0.2, keep_checkpoints=100,
                               **overrides))
-    initial = {k: v.clone() for k, v in learner.inference.network.state_dict().items()}
+    initial = {k: v.clone() for k, v in learner.parts.inferences[0].network.state_dict().items()}
     _run_to_max_train_steps(processes, tmp_path, learner)
-    assert learner.metrics.train_steps == 25
-    assert not learner.training_process.alive()
+    assert learner.parts.metrics.train_steps == 25
+    assert not learner.parts.training_process.alive()
     _, saved = checkpoint.latest(learner.config.logdir)
     assert saved["counters"]["train_steps"] == 25
     assert_optimizer_continued(learner.config.logdir)  # Adam's step count (from the child) == 25
     trained = saved["agent"]["network"]
     assert any(not torch.equal(trained[k].cpu(), initial[k].cpu()) for k in initial), "untrained weights saved"
     # Inference applied the last update's parameters, and they are the checkpoint's.
-    learner.inference.parameters.refresh()
-    assert learner.inference.parameters.applied == 25
-    served = learner.inference.network.state_dict()
+    learner.parts.inferences[0].parameters.refresh()
+    assert learner.parts.inferences[0].parameters.applied == 25
+    served = learner.parts.inferences[0].network.state_dict()
     for name, tensor in trained.items():
         assert torch.equal(served[name].cpu(), tensor.cpu()), name
     files = sorted(f for f in os.listdir(learner.config.logdir) if f.startswith("checkpoint-"))
@@ -117,7 +117,7 @@ def test_inference_is_told_the_version_of_the_parameters_it_got(processes, tmp_p
     from seed.learner import Learner
 
     learner = Learner(_config(tmp_path, max_train_steps=30, checkpoint_interval_s=3600))
-    inference, process = learner.inferences[0], learner.training_process
+    inference, process = learner.parts.inferences[0], learner.parts.training_process
     shared, header = process.parameters, process.parameters._header  # (version, writing) as the child wrote them
     written: dict[int, dict[str, torch.Tensor]] = {}
     published: list[tuple[int, dict[str, torch.Tensor]]] = []
@@ -307,11 +307,11 @@ def test_learner_restarted_with_a_training_process_resumes_its_optimizer(process
     runner.join(120)
     assert not runner.is_alive() and not raised, raised
     second = Learner(_config(tmp_path, max_train_steps=20))
-    assert second.metrics.train_steps == 10
+    assert second.parts.metrics.train_steps == 10
     runner, raised = _run_in_thread(second)
     runner.join(120)  # the same actor reconnects by itself
     assert not runner.is_alive() and not raised, raised
-    assert second.metrics.train_steps == 20
+    assert second.parts.metrics.train_steps == 20
     assert_optimizer_continued(second.config.logdir)  # Adam's step 20: the child resumed the first one's state
     assert actor.poll() is None
 
@@ -323,10 +323,10 @@ def test_r2d2_trains_in_its_process_and_the_learner_writes_the_priorities(proces
 
     learner = Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=64, replay_min_size=8,
                               target_update_interval=4, max_train_steps=12, checkpoint_interval_s=3600))
-    assert learner.training_process is not None
+    assert learner.parts.training_process is not None
     _run_to_max_train_steps(processes, tmp_path, learner)
-    assert learner.metrics.train_steps == 12
-    stats = learner.experience.replay.stats()
+    assert learner.parts.metrics.train_steps == 12
+    stats = learner.parts.experience.replay.stats()
     # Every sampled sequence of every update got its new priority back (or was overwritten in between).
     assert stats["replay_priority_updates"] + stats["replay_stale_priority_updates"] == 12 * 4, stats
     assert stats["replay_priority_updates"] > 0, stats
@@ -336,9 +336,9 @@ def test_r2d2_trains_in_its_process_and_the_learner_writes_the_priorities(proces
     network, target = saved["agent"]["network"], saved["agent"]["target_network"]
     for name, tensor in network.items():  # the child copied the target at update 12 (a multiple of 4)
         assert torch.equal(target[name], tensor), name
-    learner.inference.parameters.refresh()
-    assert learner.inference.parameters.applied == 12
-    served = learner.inference.network.state_dict()
+    learner.parts.inferences[0].parameters.refresh()
+    assert learner.parts.inferences[0].parameters.applied == 12
+    served = learner.parts.inferences[0].network.state_dict()
     for name, tensor in network.items():
         assert torch.equal(served[name].cpu(), tensor.cpu()), name
     rows = read_metrics(learner.config.logdir)
@@ -356,8 +356,8 @@ def test_r2d2_each_update_s_priorities_reach_the_replay_slots_its_batch_was_samp
     learner = Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=64, replay_min_size=8,
                               target_update_interval=4, max_train_steps=12, checkpoint_interval_s=3600,
                               learning_rate=1e-30))
-    initial = {name: tensor.clone() for name, tensor in learner.agent.network.state_dict().items()}
-    replay = learner.experience.replay
+    initial = {name: tensor.clone() for name, tensor in learner.parts.agent.network.state_dict().items()}
+    replay = learner.parts.experience.replay
     sampled, written = [], []
     sample, update_priorities = replay.sample, replay.update_priorities
 
@@ -374,14 +374,14 @@ def test_r2d2_each_update_s_priorities_reach_the_replay_slots_its_batch_was_samp
     replay.sample, replay.update_priorities = recording_sample, recording_update_priorities
     _run_to_max_train_steps(processes, tmp_path, learner)
     assert len(written) == 12 and len(sampled) >= 12, (len(written), len(sampled))
-    trained = learner.agent.network.state_dict()  # the child's, loaded by the final checkpoint
+    trained = learner.parts.agent.network.state_dict()  # the child's, loaded by the final checkpoint
     for name, tensor in initial.items():
         torch.testing.assert_close(trained[name], tensor, rtol=0, atol=1e-20)
     pairs = zip(written, sampled[:12], strict=True)  # the feeder samples its next batch before it may send it
     for update, ((indices, priorities, generations), batch) in enumerate(pairs, start=1):
         np.testing.assert_array_equal(indices, batch.indices, err_msg=f"update {update}: replay slots")
         np.testing.assert_array_equal(generations, batch.generations, err_msg=f"update {update}: generations")
-        expected = learner.agent.loss(TrainingBatch(batch.unrolls, batch.importance_weights)).priorities
+        expected = learner.parts.agent.loss(TrainingBatch(batch.unrolls, batch.importance_weights)).priorities
         np.testing.assert_allclose(priorities, expected.detach().double().numpy(), rtol=1e-5,
                                    err_msg=f"update {update}: priorities")
 
