@@ -9,13 +9,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 from absl import flags
 
 
-def _field(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's naming
+def option(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's naming
+    """A configuration field that becomes the flag --<name> with this default and help."""
     return dataclasses.field(default=default, metadata={"help": help})
+
+
+_field = option
+
+OPTIMIZERS = ("adam", "clipped_lars")  # --optimizer's choices (seed/optimizers.py builds them)
 
 
 @dataclasses.dataclass
@@ -98,8 +104,44 @@ class ActorConfig(EnvOptions, TransportOptions):
 
 
 @dataclasses.dataclass
+class ReplayOptions:
+    """The central prioritized replay's flags (seed/replay.py, seed/priority_refresh.py): part of the
+    configuration of the agents that train from it (`Agent.uses_replay`: R2D2, MuZero), absent from the others'."""
+
+    burn_in: int = option(0, "Steps at the start of each unroll that only warm up the recurrent state (R2D2); "
+                             "MuZero: the look-ahead each sequence shares with the next, >= unroll_steps + "
+                             "td_steps - 1.")
+    target_update_interval: int = option(2500, "Copy the online network to the target network every N "
+                                                "updates (R2D2, MuZero); Priority Refresh bootstraps from "
+                                                "the same target version.")
+    replay_capacity: int = option(100_000, "Replay capacity in sequences.")
+    replay_min_size: int = option(5000, "Sequences in replay before training starts.")
+    replay_ratio: float = option(0.75, "Sequences sampled per sequence inserted.")
+    priority_exponent: float = option(0.9, "Priority exponent alpha.")
+    importance_sampling_exponent: float = option(0.6, "Importance-sampling exponent beta.")
+    priority_eta: float = option(0.9, "Sequence priority eta max|delta| + (1 - eta) mean|delta|.")
+    priority_refresh_interval_s: float = option(0.0, "Priority Refresh (SpeedyZero): seconds between the starts of "
+                                                     "two sweeps that recompute every replay item's priority with "
+                                                     "the latest network, on a thread of the learner "
+                                                     "(seed/priority_refresh.py); 0 = off. Agents with a replay.")
+    priority_refresh_batch_size: int = option(0, "Priority Refresh: replay items per forward pass; 0 = batch_size.")
+    checkpoint_replay: bool = option(False, "Save the replay with each checkpoint (can be many GB).")
+
+
+def burn_in_steps(config: Any) -> int:
+    """Steps each stored unroll starts with that only warm up the state: --burn_in for the agents with a replay
+    (their configuration has ReplayOptions), 0 for the others."""
+    return config.burn_in if isinstance(config, ReplayOptions) else 0
+
+
+@dataclasses.dataclass
 class LearnerConfig(EnvOptions, TransportOptions):
-    agent: str = _field("vtrace", "vtrace, r2d2, ppo or muzero.")
+    """The framework's flags. A resolved configuration is an instance of `learner_config_class(agent)`: these
+    fields plus the chosen agent's own (agents/<name>/config.py)."""
+
+    agent_class: ClassVar[Any] = None  # the agent of a class made by learner_config_class; None here
+    agent: str = _field("vtrace", "The agent (agents/registry.py): vtrace, r2d2, ppo or muzero; its own flags are "
+                                  "listed under its name in --helpfull.")
     logdir: str = _field("", "Where metrics, TensorBoard events and checkpoints go; default logs/<agent>-<env>.")
     server_address: str = _field("unix:{logdir}/learner.sock,127.0.0.1:8686",
                                  "Comma-separated listen addresses (host:port or unix:/path); {logdir} is replaced. "
@@ -149,14 +191,6 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                                      "first update: 5x this).")
     keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
                                            "reuse instead of mmap/munmap per training step (seed/host_memory.py).")
-    # Network.
-    network: str = _field("auto", "mlp, impala_deep, nature, dqn_small, football or football_small; auto = mlp "
-                                  "for vectors, else the agent's "
-                                  "image network.")
-    network_width: int = _field(1, "Filter multiplier for image networks (paper Table 4 compares 1, 2, 4).")
-    use_lstm: bool = _field(True, "Put an LSTM core after the torso.")
-    lstm_size: int = _field(256, "LSTM hidden units.")
-    mlp_sizes: str = _field("64,64", "Hidden layer sizes of the MLP torso, comma-separated.")
     # Optimisation (shared).
     batch_size: int = _field(32, "Unrolls per training batch.")
     unroll_length: int = _field(100, "Trained steps per unroll (each unroll stores burn_in + unroll_length + 1 steps).")
@@ -177,17 +211,6 @@ class LearnerConfig(EnvOptions, TransportOptions):
     grad_clip_norm: float = _field(0.0, "Global gradient-norm clip; 0 = off.")
     discounting: float = _field(0.99, "Discount factor.")
     queue_capacity: int = _field(0, "Completed unrolls the FIFO queue holds before inference blocks; 0 = batch_size.")
-    # V-trace.
-    lambda_: float = _field(1.0, "V-trace lambda.")
-    entropy_cost: float = _field(2.5e-4, "Entropy bonus weight.")
-    baseline_cost: float = _field(0.5, "Baseline loss weight (times 0.5 (vs - V)^2).")
-    clip_rho_threshold: float = _field(1.0, "V-trace rho-bar.")
-    clip_pg_rho_threshold: float = _field(1.0, "V-trace rho-bar for the policy-gradient advantage.")
-    max_abs_reward: float = _field(0.0, "Clip rewards to [-x, x] for the loss; 0 = off.")
-    # PPO (HTS-RL) and synchronisation.
-    ppo_clip: float = _field(0.2, "PPO: epsilon of the clipped surrogate, ratio clipped to [1 - eps, 1 + eps].")
-    ppo_epochs: int = _field(2, "PPO: passes over each rollout per learner update.")
-    ppo_minibatches: int = _field(8, "PPO: minibatches per pass; each holds all steps of about B / this many envs.")
     sync: str = _field("async", "hts: HTS-RL's synchronous mode (every env fills --sync_every steps with the "
                                 "parameters of the previous update while the learner trains on the last rollout: "
                                 "a policy lag of exactly one update; --agent=ppo's default); async: SEED's "
@@ -200,62 +223,11 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                      "update's parameters); 0 = no limit.")
     max_policy_lag: int = _field(0, "Drop training batches whose oldest step was acted more than this many updates "
                                     "ago (policy_lag_updates); 0 = no bound.")
-    # R2D2.
-    burn_in: int = _field(0, "Steps at the start of each unroll that only warm up the recurrent state (R2D2); "
-                             "MuZero: the look-ahead each sequence shares with the next, >= unroll_steps + "
-                             "td_steps - 1.")
-    n_steps: int = _field(5, "R2D2: n of the n-step double-Q targets.")
-    value_rescaling_epsilon: float = _field(1e-3, "R2D2: eps of h(x) = sign(x)(sqrt(|x|+1)-1)+eps x.")
-    target_update_interval: int = _field(2500, "R2D2: copy the online network to the target every N updates.")
-    replay_capacity: int = _field(100_000, "R2D2: replay capacity in sequences.")
-    replay_min_size: int = _field(5000, "R2D2: sequences in replay before training starts.")
-    replay_ratio: float = _field(0.75, "R2D2: sequences sampled per sequence inserted.")
-    priority_exponent: float = _field(0.9, "R2D2: priority exponent alpha.")
-    importance_sampling_exponent: float = _field(0.6, "R2D2: importance-sampling exponent beta.")
-    priority_eta: float = _field(0.9, "R2D2: sequence priority eta max|delta| + (1 - eta) mean|delta|.")
-    priority_refresh_interval_s: float = _field(0.0, "Priority Refresh (SpeedyZero): seconds between the starts of "
-                                                     "two sweeps that recompute every replay item's priority with "
-                                                     "the latest network, on a thread of the learner "
-                                                     "(seed/priority_refresh.py); 0 = off. Agents with a replay.")
-    priority_refresh_batch_size: int = _field(0, "Priority Refresh: replay items per forward pass; 0 = batch_size.")
-    epsilon_base: float = _field(0.4, "R2D2: training env i of N explores with base^(1 + alpha i / (N - 1)).")
-    epsilon_alpha: float = _field(7.0, "R2D2: alpha of the epsilon schedule.")
     num_eval_envs: int = _field(0, "The last N env ids only evaluate: never trained on, they play the evaluation "
                                    "policy (V-trace: sampled, or greedy with --eval_greedy; R2D2: eps = "
                                    "eval_epsilon) and feed eval/return_running_mean_100.")
-    eval_greedy: bool = _field(False, "V-trace: evaluation envs (and seed-eval) play the policy's argmax instead of "
-                                      "sampling from it.")
-    eval_epsilon: float = _field(1e-3, "R2D2: epsilon of eval envs.")
-    checkpoint_replay: bool = _field(False, "R2D2: save the replay with each checkpoint (can be many GB).")
     atari_scores_file: str = _field("", "CSV game,human,random adding reference scores for human-normalised "
                                         "Atari scores (the shipped table lacks random scores for some games).")
-    # MuZero (EfficientZero, SpeedyZero).
-    search: str = _field("puct", "MuZero: puct (MuZero's pUCT, root Dirichlet noise, min-max normalised values) or "
-                                 "gumbel (Gumbel MuZero's sequential halving at the root, for few simulations).")
-    num_simulations: int = _field(50, "MuZero: simulations per search (one batched recurrent call each).")
-    unroll_steps: int = _field(5, "MuZero: K, the steps the model is unrolled from each trained position.")
-    td_steps: int = _field(5, "MuZero: n of the n-step value targets (before the off-policy correction).")
-    td_age_updates: int = _field(0, "MuZero: EfficientZero's off-policy correction: a step's value horizon shrinks "
-                                    "by one per this many updates of its age (updates since it was acted), down "
-                                    "to 1; 0 = off.")
-    reanalyse_ratio: float = _field(0.0, "MuZero: fraction of each training batch's sequences whose policy targets "
-                                         "are recomputed by a search with the target network before the update "
-                                         "(EfficientZero's reanalysis; 1 = every sequence, SpeedyZero's full "
-                                         "reanalysis; 0 = the policies stored at acting). Runs where the update "
-                                         "runs: the training process, or the learner's training thread.")
-    value_prefix_horizon: int = _field(5, "MuZero: the value-prefix LSTM is reset every this many model steps.")
-    value_support_size: int = _field(300, "MuZero: value logits over the atoms -S..S of h(value).")
-    reward_support_size: int = _field(300, "MuZero: value-prefix logits over the atoms -S..S of h(prefix).")
-    policy_cost: float = _field(1.0, "MuZero: weight of the policy cross-entropy.")
-    value_cost: float = _field(0.25, "MuZero: weight of the value cross-entropy.")
-    reward_cost: float = _field(1.0, "MuZero: weight of the value-prefix cross-entropy.")
-    consistency_cost: float = _field(2.0, "MuZero: weight of the self-supervised consistency loss.")
-    dirichlet_alpha: float = _field(0.3, "MuZero: alpha of the root Dirichlet noise (training envs only).")
-    exploration_fraction: float = _field(0.25, "MuZero: weight of the root Dirichlet noise in the prior.")
-    visit_temperature: float = _field(1.0, "MuZero: training envs sample actions from visit counts^(1 / T); "
-                                           "evaluation envs play the most visited action.")
-    latent_size: int = _field(64, "MuZero MLP: dimension of the latent state.")
-    latent_channels: int = _field(64, "MuZero ResNet: channels of the latent state (EfficientZero: 64).")
     # Misc.
     print_config: bool = _field(False, "Print the resolved configuration as JSON and exit.")
 
@@ -270,23 +242,70 @@ class LearnerConfig(EnvOptions, TransportOptions):
         return self.num_actors * max(1, self.env_groups)
 
 
-def define_flags(config_class: type) -> None:
-    """Defines one absl flag per dataclass field, with the field's default and help."""
+def learner_config_class(agent_class: Any) -> type:
+    """The resolved configuration's class for an agent: LearnerConfig's framework fields plus the agent's own
+    (`agent_class.config_class`), one flat dataclass, so --print_config shows this agent's fields and no other's.
+    Cached: one class per agent class."""
+    cached = _LEARNER_CONFIG_CLASSES.get(agent_class)
+    if cached is None:
+        name = agent_class.config_class.__name__.replace("Config", "") + "LearnerConfig"
+        cached = dataclasses.make_dataclass(name, [], bases=(agent_class.config_class, LearnerConfig))
+        cached.agent_class = agent_class
+        cached.__module__ = __name__
+        _LEARNER_CONFIG_CLASSES[agent_class] = cached
+    return cached
+
+
+_LEARNER_CONFIG_CLASSES: dict[Any, type] = {}
+
+
+def _rebuild_learner_config(agent_path: str, values: dict[str, Any]) -> LearnerConfig:
+    """Unpickles a resolved configuration (it crosses into the training process by value): the agent class is
+    imported again by its path, so a dynamically made class pickles too."""
+    import importlib
+
+    if not agent_path:
+        return LearnerConfig(**values)
+    module, _, qualname = agent_path.partition(":")
+    agent_class = importlib.import_module(module)
+    for part in qualname.split("."):
+        agent_class = getattr(agent_class, part)
+    return learner_config_class(agent_class)(**values)
+
+
+def _reduce_learner_config(config: LearnerConfig) -> tuple:
+    agent_class = type(config).agent_class
+    path = f"{agent_class.__module__}:{agent_class.__qualname__}" if agent_class is not None else ""
+    return _rebuild_learner_config, (path, {f.name: getattr(config, f.name) for f in dataclasses.fields(config)})
+
+
+LearnerConfig.__reduce__ = _reduce_learner_config
+
+
+def define_flags(config_class: type, module_name: str | None = None, skip: set[str] | frozenset = frozenset()
+                 ) -> None:
+    """Defines one absl flag per dataclass field, with the field's default and help; `module_name` groups them
+    in --helpfull; fields named in `skip` (defined already) are left out."""
     for f in dataclasses.fields(config_class):
+        if f.name in skip:
+            continue
         help_text = f.metadata.get("help", f.name)
+        extra = {"module_name": module_name} if module_name else {}
         if f.type in ("bool", bool):
-            flags.DEFINE_bool(f.name, f.default, help_text)
+            flags.DEFINE_bool(f.name, f.default, help_text, **extra)
         elif f.type in ("int", int):
-            flags.DEFINE_integer(f.name, f.default, help_text)
+            flags.DEFINE_integer(f.name, f.default, help_text, **extra)
         elif f.type in ("float", float):
-            flags.DEFINE_float(f.name, f.default, help_text)
+            flags.DEFINE_float(f.name, f.default, help_text, **extra)
         else:
-            flags.DEFINE_string(f.name, f.default, help_text)
+            flags.DEFINE_string(f.name, f.default, help_text, **extra)
 
 
-def explicit_flags(config_class: type, flag_values: flags.FlagValues) -> dict[str, Any]:
-    """The fields the user set on the command line."""
-    return {f.name: flag_values[f.name].value for f in dataclasses.fields(config_class) if flag_values[f.name].present}
+def explicit_flags(config_class: type | dict[str, dataclasses.Field], flag_values: flags.FlagValues
+                   ) -> dict[str, Any]:
+    """The fields (of a dataclass, or a dict of fields) the user set on the command line."""
+    names = config_class if isinstance(config_class, dict) else [f.name for f in dataclasses.fields(config_class)]
+    return {name: flag_values[name].value for name in names if flag_values[name].present}
 
 
 def build_config(config_class: type, *layers: dict[str, Any]):

@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 from absl import app, flags
 
-from seed.config import LearnerConfig, define_flags, explicit_flags
+from seed.config import LearnerConfig, define_flags, explicit_flags, learner_config_class
 from seed.wandb_sink import check_wandb_mode
 
 EVAL_SEED_OFFSET = 1_000_000  # eval env k uses seed + k; training envs use seed + env id < num_envs
@@ -119,14 +119,22 @@ def load_checkpoint(logdir: str, path: str = "") -> tuple[str, dict[str, Any]]:
 
 
 def learner_config(saved: dict[str, Any], source: str) -> LearnerConfig:
-    """The LearnerConfig saved in a checkpoint. Keys this version does not know are dropped with a warning;
-    fields the checkpoint lacks keep their defaults."""
-    names = {f.name for f in dataclasses.fields(LearnerConfig)}
-    unknown = sorted(set(saved) - names)
+    """The configuration saved in a checkpoint, as its agent's class (`learner_config_class`). Keys this version
+    does not know are dropped with a warning, other agents' fields (saved by versions with one configuration
+    for all agents) silently; fields the checkpoint lacks keep their defaults."""
+    from seed.agents import registry
+    from seed.learner_main import learner_fields
+
+    try:
+        config_class = learner_config_class(registry.agent_class(saved.get("agent", LearnerConfig.agent)))
+    except ValueError as error:
+        raise UserError(f"checkpoint {source}: {error}") from None
+    names = {f.name for f in dataclasses.fields(config_class)}
+    unknown = sorted(set(saved) - set(learner_fields()))
     if unknown:
         print(f"seed-eval: warning: ignoring configuration keys of {source} that this version does not know: "
               f"{unknown}", file=sys.stderr)
-    return LearnerConfig(**{key: value for key, value in saved.items() if key in names})
+    return config_class(**{key: value for key, value in saved.items() if key in names})
 
 
 def check_checkpoint(state: dict[str, Any], path: str, agent: str, env: str) -> LearnerConfig:
@@ -334,12 +342,8 @@ def human_normalized(env: str, returns: list[float], scores_file: str) -> dict[s
 
 
 def policy_description(config: LearnerConfig) -> str:
-    if config.agent == "r2d2":
-        return f"epsilon-greedy, eps={config.eval_epsilon}"
-    if config.agent == "muzero":
-        chosen_by = "most visited action" if config.search == "puct" else "argmax of the improved policy"
-        return f"{config.search} search of {config.num_simulations} simulations without root noise, {chosen_by}"
-    return "greedy (argmax)" if config.eval_greedy else "sampled from the policy"
+    """How the checkpoint's agent picks actions when it evaluates, in words (the agent says)."""
+    return type(config).agent_class.evaluation_policy(config)
 
 
 def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
@@ -347,7 +351,6 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
     the user typed (an untyped --eval_greedy keeps the checkpoint's)."""
     import torch
 
-    from seed.agents import agent_module
     from seed.envs import make_batch, make_spec
 
     if options.episodes < 1:
@@ -361,6 +364,9 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
     path, state = load_checkpoint(options.logdir, options.checkpoint)
     config = check_checkpoint(state, path, options.agent, options.env)
     if "eval_greedy" in explicit:
+        if "eval_greedy" not in {f.name for f in dataclasses.fields(config)}:
+            raise UserError(f"--eval_greedy: got {options.eval_greedy} for a checkpoint of --agent={config.agent}, "
+                            "which has no such setting; expected an agent that samples a policy (vtrace, ppo)")
         config.eval_greedy = options.eval_greedy
     seed = options.seed if options.seed >= 0 else config.seed + EVAL_SEED_OFFSET
     if options.video:
@@ -369,7 +375,7 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
     np.random.seed(seed % 2**32)
     env_options = {**config.env_options(), "seed": seed, "atari_vector_env": False, "render_rgb": bool(options.video)}
     spec = make_spec(config.env, config.env_options())
-    agent = agent_module(config.agent).Agent(spec, config)
+    agent = type(config).agent_class(spec, config)
     agent.load_state_dict(state["agent"])
     quotas = episode_quotas(options.episodes, options.num_envs)
     env_batch = make_batch(config.env, len(quotas), 0, env_options)

@@ -21,8 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seed.agents import agent_module
-from seed.config import LearnerConfig
+from seed.config import LearnerConfig, burn_in_steps
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
 from seed.experience import FifoExperience, ReplayExperience, SinkThread
@@ -33,6 +32,7 @@ from seed.learner_metrics import EpisodeRecorder
 from seed.learner_supervision import LearnerSupervision
 from seed.metrics import LearnerMetrics, MetricsWriter
 from seed.metrics_sinks import SinkSettings
+from seed.optimizers import make_optimizer
 from seed.priority_refresh import PriorityRefresher, make_priority_refresher
 from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
 from seed.serving.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
@@ -40,7 +40,6 @@ from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
 from seed.supervisor import SupervisedThread, sink_fault_from_environment
 from seed.sync_gate import RolloutGate
-from seed.training import make_optimizer
 from seed.training_loop import TrainingLoop
 from seed.training_process import TrainingProcess
 from seed.transport import REDACTED, TransportSecurity, listen_addresses
@@ -138,7 +137,7 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     inference_devices = [torch.device(d.strip()) for d in devices.split(",") if d.strip()]
     stop = threading.Event()
 
-    agent = agent_module(config.agent).Agent(spec, config)
+    agent = type(config).agent_class(spec, config)
     agent.to(training_device)
     optimizer = make_optimizer(agent, config)
     with open(os.path.join(config.logdir, "config.json"), "w") as f:  # what seed-report --curves groups by
@@ -168,9 +167,9 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
         CentralInference(
             InferenceModel(agent=agent, network=copy.deepcopy(agent.network).to(device).eval(), device=device,
                            policy_version=metrics.train_steps,
-                           cuda_graphs=config.cuda_graphs and getattr(agent, "cuda_graphs", True),
+                           cuda_graphs=config.cuda_graphs and agent.cuda_graphs,
                            row_by_row=config.deterministic),
-            channels.slab, UnrollLayout(config.unroll_length, config.burn_in), outputs,
+            channels.slab, UnrollLayout(config.unroll_length, burn_in_steps(config)), outputs,
             rollout_gate=rollout_gate(config, i, len(inference_devices), metrics.train_steps))
         for i, device in enumerate(inference_devices)
     ]
@@ -224,7 +223,7 @@ def make_experience(config: LearnerConfig, agent: Any, training_device: torch.de
     """The FIFO queue and prefetcher (agents without replay) or the prioritized replay (`agent.uses_replay`)."""
     # A training process takes its batches from shared memory on the host and moves them itself.
     device = torch.device("cpu") if config.training_process else training_device
-    if not getattr(agent, "uses_replay", False):
+    if not agent.uses_replay:
         # HTS: a batch is every env's unroll of one rollout, arriving at once; ordered by env id it is the
         # same batch whatever the arrival order (--deterministic needs that).
         return FifoExperience(config.queue_capacity or config.batch_size, config.batch_size, device, stop,

@@ -6,14 +6,24 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from typing import TYPE_CHECKING, Any
 
 from absl import app, flags
 
-from seed.agents import agent_module
-from seed.config import LearnerConfig, build_config, define_flags, explicit_flags, to_json
+from seed.agents import registry
+from seed.config import (
+    OPTIMIZERS,
+    LearnerConfig,
+    ReplayOptions,
+    build_config,
+    define_flags,
+    explicit_flags,
+    learner_config_class,
+    to_json,
+)
 from seed.envs import split_env_name
 from seed.presets import preset
 
@@ -21,14 +31,53 @@ if TYPE_CHECKING:  # imported late: --help and --print_config stay fast
     from seed.transport import TransportSecurity
 
 
+def flag_owners() -> dict[str, list[str]]:
+    """Every learner flag's name -> the agents whose configuration has it ([] for the framework's own)."""
+    owners: dict[str, list[str]] = {f.name: [] for f in dataclasses.fields(LearnerConfig)}
+    for name in registry.names():
+        for f in dataclasses.fields(registry.config_class(name)):
+            owners.setdefault(f.name, []).append(name)
+    return owners
+
+
+def learner_fields() -> dict[str, dataclasses.Field]:
+    """Every learner flag's field: the framework's and every registered agent's (each name once)."""
+    fields = {f.name: f for f in dataclasses.fields(LearnerConfig)}
+    for name in registry.names():
+        for f in dataclasses.fields(registry.config_class(name)):
+            fields.setdefault(f.name, f)
+    return fields
+
+
+def define_learner_flags() -> None:
+    """The framework's flags, then each agent's own, grouped in --helpfull under the agents that have them."""
+    define_flags(LearnerConfig)
+    owners = flag_owners()
+    defined = {f.name for f in dataclasses.fields(LearnerConfig)}
+    for name in registry.names():
+        fields = [f.name for f in dataclasses.fields(registry.config_class(name)) if f.name not in defined]
+        for group in sorted({tuple(owners[field]) for field in fields}):
+            define_flags(registry.config_class(name), module_name=f"agent flags: {', '.join(group)}",
+                         skip=set(owners) - {field for field in fields if tuple(owners[field]) == group})
+        defined.update(fields)
+
+
 def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
     """Dataclass defaults < the agent's defaults for the env family < the preset < flags the user typed; then
-    derived values."""
-    preset_values = preset(build_config(LearnerConfig, explicit).preset)
-    base = build_config(LearnerConfig, preset_values, explicit)
+    derived values and the framework's and the agent's checks. The result holds the framework's fields and the
+    chosen agent's only (`learner_config_class`); a flag of another agent is refused naming its agents."""
+    preset_values = preset(explicit.get("preset", ""))
+    agent_name = explicit.get("agent", preset_values.get("agent", LearnerConfig.agent))
+    agent = registry.agent_class(agent_name)
+    if agent.uses_replay and not issubclass(agent.config_class, ReplayOptions):
+        raise ValueError(f"--agent={agent_name}: trains from the replay (uses_replay), but its configuration "
+                         f"{agent.config_class.__name__} lacks the replay's flags; expected it to inherit "
+                         "ReplayOptions")
+    config_class = learner_config_class(agent)
+    _refuse_other_agents_flags(config_class, agent_name, preset_values, explicit)
+    base = build_config(config_class, preset_values, explicit)
     family, name = split_env_name(base.env)
-    agent_defaults = agent_module(base.agent).default_config(family)
-    config = build_config(LearnerConfig, agent_defaults, preset_values, explicit)
+    config = build_config(config_class, agent.default_config(family), preset_values, explicit)
     if not config.logdir:
         config.logdir = f"logs/{config.agent}-{family}-{name}"
     config.server_address = config.server_address.replace("{logdir}", config.logdir)
@@ -36,7 +85,8 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
         # At least one stream's rows (with --env_groups a stream is one group, not the whole actor: a batch that
         # waited for both groups of an actor would idle the envs double-buffering keeps busy).
         config.inference_batch_size = max(config.envs_per_stream, config.num_envs // 2)
-    if config.replay_min_size > config.replay_capacity and "replay_min_size" not in explicit:
+    if (isinstance(config, ReplayOptions) and config.replay_min_size > config.replay_capacity
+            and "replay_min_size" not in explicit):
         # A small --replay_capacity (e.g. Atari on a 24 GiB machine) implies a smaller warm-up.
         config.replay_min_size = max(1, config.replay_capacity // 2)
     _derive_sync(config, explicit)
@@ -53,8 +103,23 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
         config.training_process = not config.deterministic and config.training_device == "cpu"
     if config.queue_capacity == 0:
         config.queue_capacity = config.batch_size
+    agent.derive_config(config, explicit)
     validate(config)
+    agent.check_config(config)
     return config
+
+
+def _refuse_other_agents_flags(config_class: type, agent_name: str, *layers: dict[str, Any]) -> None:
+    """A flag (or preset key) that the chosen agent does not have: an error naming the agents that do."""
+    names = {f.name for f in dataclasses.fields(config_class)}
+    owners = flag_owners()
+    for layer in layers:
+        for key in layer:
+            if key not in names:
+                where = (f"a flag of --agent={' or --agent='.join(owners[key])}" if owners.get(key)
+                         else "not a flag of the learner (see seed-learner --helpfull)")
+                raise ValueError(f"--{key}: got {layer[key]!r} with --agent={agent_name}, which has no such "
+                                 f"setting; {where}")
 
 
 def _derive_sync(config: LearnerConfig, explicit: dict[str, Any]) -> None:
@@ -72,8 +137,6 @@ def _derive_sync(config: LearnerConfig, explicit: dict[str, Any]) -> None:
         if name in explicit and explicit[name] != value:
             raise ValueError(f"--{name}: got {explicit[name]!r}, expected {value} ({why})")
         setattr(config, name, value)
-    if config.ppo_minibatches > config.batch_size and "ppo_minibatches" not in explicit:
-        config.ppo_minibatches = config.batch_size  # a default too large for a small run: one env per minibatch
 
 
 def validate(config: LearnerConfig) -> None:
@@ -87,11 +150,8 @@ def validate(config: LearnerConfig) -> None:
         ("unroll_length", config.unroll_length >= 1, ">= 1"),
         ("discounting", 0.0 <= config.discounting <= 1.0, "in [0, 1]"),
         ("learning_rate", config.learning_rate > 0, "> 0"),
-        ("network_width", config.network_width >= 1, ">= 1"),
         ("num_eval_envs", 0 <= config.num_eval_envs < config.num_envs,
          f">= 0 and < num_envs = num_actors x envs_per_actor ({config.num_envs}): at least one env must train"),
-        ("burn_in", config.agent in ("r2d2", "muzero") or config.burn_in == 0,
-         f"0 for --agent={config.agent} (burn-in is an R2D2 setting; this agent would train on its padding)"),
         ("keep_checkpoints", config.keep_checkpoints >= 1, ">= 1"),
         ("training_process_timeout_s", config.training_process_timeout_s > 0, "> 0"),
         ("wandb_mode", config.wandb_mode in ("online", "offline", "disabled"), "online, offline or disabled"),
@@ -99,22 +159,17 @@ def validate(config: LearnerConfig) -> None:
     checks += [
         ("sync", config.sync in ("hts", "async"), "hts or async"),
         ("sync_every", config.sync_every >= 1, ">= 1"),
-        ("ppo_clip", config.ppo_clip > 0, "> 0"),
-        ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
-        ("ppo_minibatches", 1 <= config.ppo_minibatches <= config.batch_size,
-         f">= 1 and <= batch_size ({config.batch_size}): a minibatch holds whole env columns"),
+        ("optimizer", config.optimizer in OPTIMIZERS, " or ".join(OPTIMIZERS)),
         ("max_train_steps", config.max_train_steps >= 0, ">= 0 (0 = no limit)"),
         ("max_policy_lag", config.max_policy_lag >= 0, ">= 0 (0 = no bound)"),
     ]
     for name, ok, expected in checks:
         if not ok:
             raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
-    if config.sync == "hts" and not getattr(agent_module(config.agent), "SUPPORTS_SYNC", False):
+    if config.sync == "hts" and not type(config).agent_class.supports_sync:
+        synchronous = [name for name in registry.names() if registry.agent_class(name).supports_sync]
         raise ValueError(f"--sync=hts: not supported by --agent={config.agent} (it has no synchronous mode); "
-                         "expected --sync=async with it, or --agent=ppo")
-    if config.reanalyse_ratio > 0 and config.agent != "muzero":
-        raise ValueError(f"--reanalyse_ratio: got {config.reanalyse_ratio} with --agent={config.agent}, expected 0 "
-                         "(reanalysis re-searches MuZero's policy targets) or --agent=muzero")
+                         f"expected --sync=async with it, or --agent={' or --agent='.join(synchronous)}")
     if config.training_process and config.deterministic:
         raise ValueError("--training_process: got true with --deterministic, expected false: a bit-identical run "
                          "trains in the learner process")
@@ -166,7 +221,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     try:
-        config = resolve_config(explicit_flags(LearnerConfig, flags.FLAGS))
+        config = resolve_config(explicit_flags(learner_fields(), flags.FLAGS))
     except ValueError as error:
         print(f"seed-learner: {error}", file=sys.stderr)
         sys.exit(2)
@@ -175,9 +230,8 @@ def main(argv: list[str]) -> None:
     except ValueError as error:
         print(f"seed-learner: {error}", file=sys.stderr)
         sys.exit(2)
-    module = agent_module(config.agent)
     if config.print_config:
-        extra = module.describe_config(config) if hasattr(module, "describe_config") else {}
+        extra = type(config).agent_class.describe_config(config)
         print(to_json(config, {"num_envs": config.num_envs, **extra}))
         return
     import torch  # noqa: F401  (imported late so --help and --print_config stay fast)
@@ -206,7 +260,7 @@ OMP_WAIT_POLICY_DEFAULT = "PASSIVE"
 
 def run() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY_DEFAULT)
-    define_flags(LearnerConfig)
+    define_learner_flags()
     app.run(main)
 
 

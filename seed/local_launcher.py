@@ -23,7 +23,8 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seed.actor_main import SUPERSEDED_EXIT_CODE
-from seed.config import ActorConfig, LearnerConfig
+from seed.config import ActorConfig
+from seed.learner_main import learner_fields as all_learner_fields
 from seed.transport import CHANNEL_OPTIONS
 
 MAX_ACTOR_RESTARTS = 20
@@ -34,7 +35,7 @@ LEARNER_START_TIMEOUT_S = 300.0
 def parse_flags(argv: list[str]) -> dict[str, str]:
     """`--name=value`, `--name` and `--noname` -> {name: value}; anything else is a usage error."""
     values = {}
-    learner_fields = {f.name for f in dataclasses.fields(LearnerConfig)}
+    learner_fields = set(all_learner_fields())
     for arg in argv:
         if not arg.startswith("--"):
             raise SystemExit(f"local.sh: unexpected argument {arg!r}; flags look like --name=value")
@@ -92,14 +93,14 @@ def main(argv: list[str]) -> int:
     from seed.learner_main import resolve_config
 
     flags = parse_flags(argv)
-    learner_fields = {f.name for f in dataclasses.fields(LearnerConfig)}
+    learner_fields = set(all_learner_fields())
     unknown = sorted(set(flags) - learner_fields)
     if unknown:
         print(f"local.sh: unknown flags {unknown}; see `seed-learner --helpfull`", file=sys.stderr)
         return 2
     # Parse the typed values the same way the learner will, to learn the logdir and address.
     typed = {}
-    for f in dataclasses.fields(LearnerConfig):
+    for f in all_learner_fields().values():
         if f.name in flags:
             raw = flags[f.name]
             kind = type(f.default)

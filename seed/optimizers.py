@@ -27,6 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
+from seed.config import OPTIMIZERS, LearnerConfig
+from seed.contracts.agent import Agent
+
 _NORM_LAYERS = (nn.modules.batchnorm._NormBase, nn.LayerNorm, nn.GroupNorm)
 
 
@@ -133,3 +136,17 @@ def clipped_lars(network: nn.Module, lr: float, eta: float, weight_decay: float,
                        "eta": bn_bias_eta})
     return ClippedLARS(groups, lr=lr, eta=eta, weight_decay=weight_decay, momentum=momentum,
                        warmup_steps=warmup_steps)
+
+
+def make_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer:
+    """The learner's optimizer (the same in the learner process and the training process): --optimizer=adam
+    (the default) or clipped_lars (seed/optimizers.py), over `agent.network`'s parameters."""
+    if config.optimizer == "clipped_lars":
+        return clipped_lars(agent.network, lr=config.learning_rate, eta=config.lars_eta,
+                            weight_decay=config.weight_decay, momentum=config.momentum,
+                            warmup_steps=config.lars_warmup_steps, bn_bias_eta=config.lars_bn_bias_eta)
+    if config.optimizer != "adam":
+        raise ValueError(f"--optimizer: got {config.optimizer!r}, expected {' or '.join(OPTIMIZERS)}")
+    # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
+    return torch.optim.Adam(agent.network.parameters(), lr=config.learning_rate, eps=config.adam_epsilon,
+                            betas=(config.adam_beta1, 0.999), foreach=True)

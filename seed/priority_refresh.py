@@ -141,15 +141,12 @@ class PriorityRefresher:
 def make_priority_refresher(config: LearnerConfig, agent: Any, experience: Any, published: ParameterPublisher,
                             version: int, stop: threading.Event, on_values: Callable[[dict[str, float]], None]
                             ) -> PriorityRefresher | None:
-    """The learner's refresher for --priority_refresh_interval_s (None when 0); refuses an agent without a
-    prioritized replay or a priority function, naming the flag and the agent."""
-    if not config.priority_refresh_interval_s:
+    """The learner's refresher for --priority_refresh_interval_s (None when 0, and for an agent without a replay,
+    whose configuration has no such flag: seed-learner refuses it there, naming the agents that have it)."""
+    if not agent.uses_replay or not config.priority_refresh_interval_s:  # only a replay agent has the flag
         return None
-    replay = getattr(experience, "replay", None)
-    if replay is None or not hasattr(agent, "priorities"):
-        raise ValueError(f"--priority_refresh_interval_s: got {config.priority_refresh_interval_s} with "
-                         f"--agent={config.agent}, expected 0: the agent has no prioritized replay to refresh")
-    return PriorityRefresher(replay, agent.priorities, agent.network, agent.target_network, published, version,
+    return PriorityRefresher(experience.replay, agent.priorities, agent.network, agent.target_network, published,
+                             version,
                              config.target_update_interval, config.priority_refresh_interval_s,
                              config.priority_refresh_batch_size or config.batch_size,
                              torch.device(config.training_device), stop, on_values)

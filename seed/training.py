@@ -8,14 +8,13 @@ clipping, the optimizer step and the values logged for it.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 import torch
 
 from seed.config import LearnerConfig
+from seed.contracts.agent import Agent, UpdateStep
 from seed.data_parallel import Shard
 from seed.optimizer_stats import adam_step_fraction
-from seed.optimizers import clipped_lars
 from seed.unroll import TrainingBatch, Unroll
 
 OPTIMIZER_STATS_EVERY = 50  # train steps between samples of optimizer/adam_step_fraction
@@ -36,21 +35,7 @@ class StepResult:
     priorities: torch.Tensor | None = None
 
 
-def make_optimizer(agent: Any, config: LearnerConfig) -> torch.optim.Optimizer:
-    """The learner's optimizer (the same in the learner process and the training process): --optimizer=adam
-    (the default) or clipped_lars (seed/optimizers.py), over `agent.network`'s parameters."""
-    if config.optimizer == "clipped_lars":
-        return clipped_lars(agent.network, lr=config.learning_rate, eta=config.lars_eta,
-                            weight_decay=config.weight_decay, momentum=config.momentum,
-                            warmup_steps=config.lars_warmup_steps, bn_bias_eta=config.lars_bn_bias_eta)
-    if config.optimizer != "adam":
-        raise ValueError(f"optimizer: got {config.optimizer!r}, expected adam or clipped_lars")
-    # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
-    return torch.optim.Adam(agent.network.parameters(), lr=config.learning_rate, eps=config.adam_epsilon,
-                            betas=(config.adam_beta1, 0.999), foreach=True)
-
-
-def train_on_batch(agent: Any, optimizer: torch.optim.Optimizer, batch: TrainingBatch, config: LearnerConfig,
+def train_on_batch(agent: Agent, optimizer: torch.optim.Optimizer, batch: TrainingBatch, config: LearnerConfig,
                    train_steps: int, shard: Shard | None = None) -> StepResult:
     """One update of `agent.network` on `batch`; `train_steps`: updates made before this one.
 
@@ -62,27 +47,8 @@ def train_on_batch(agent: Any, optimizer: torch.optim.Optimizer, batch: Training
         lag = shard.agreed_lag(lag)
     if config.max_policy_lag and lag > config.max_policy_lag:
         return StepResult(False, {})
-    priorities = None
-    if hasattr(agent, "train_rollout"):  # PPO: its own epochs x minibatches of optimizer steps
-        values = agent.train_rollout(batch, optimizer, config.grad_clip_norm, train_steps, shard)
-    else:
-        share, loss_scale = (batch, 1.0) if shard is None else shard.batch(batch)
-        reanalysis: dict[str, float] = {}
-        if config.reanalyse_ratio > 0:  # MuZero: fresher policy targets before the loss (agents/muzero/reanalysis.py)
-            share, reanalysis = agent.reanalyse_batch(share, train_steps)
-        out = agent.loss(share)
-        optimizer.zero_grad(set_to_none=True)
-        (out.loss if shard is None else out.loss * loss_scale).backward()
-        if shard is not None:
-            shard.all_reduce_gradients(list(agent.network.parameters()))
-        values = dict(out.metrics, **reanalysis)
-        if config.grad_clip_norm > 0:
-            values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(agent.network.parameters(),
-                                                                           config.grad_clip_norm))
-        optimizer.step()
-        priorities = out.priorities
-        if shard is not None and priorities is not None:
-            priorities = shard.gather_columns(priorities, int(batch.unrolls.env_id.shape[0]))
+    output = agent.update(batch, optimizer, UpdateStep(train_steps, config.grad_clip_norm, shard))
+    values, priorities = output.values, output.priorities
     values["policy_lag_updates"] = lag
     if train_steps % OPTIMIZER_STATS_EVERY == 0:  # a pass over every weight's state: sample it
         fraction = adam_step_fraction(optimizer)

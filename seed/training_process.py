@@ -56,10 +56,11 @@ from seed import data_parallel
 from seed import training_liveness as liveness
 from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
+from seed.optimizers import make_optimizer
 from seed.parameters import copy_tensors
 from seed.shared_parameters import ParametersHalfWritten, SharedParameters
 from seed.supervisor import SupervisedThread
-from seed.training import make_optimizer, train_on_batch
+from seed.training import train_on_batch
 from seed.training_liveness import TrainingFault, TrainingProgress, die_with_parent, step_allowance_s
 from seed.unroll import TrainingBatch, Unroll
 
@@ -209,10 +210,9 @@ def _set_up_process(spec: TrainingProcessSpec) -> tuple[torch.device, data_paral
 
 def _build_agent(spec: TrainingProcessSpec, device: torch.device) -> tuple[Any, torch.optim.Optimizer]:
     """The learner's agent and optimizer, rebuilt from `spec.initial_state` on `device`."""
-    from seed.agents import agent_module
 
     agent_state, optimizer_state = from_bytes(spec.initial_state)
-    agent = agent_module(spec.config.agent).Agent(spec.spec, spec.config)
+    agent = type(spec.config).agent_class(spec.spec, spec.config)
     agent.load_state_dict(agent_state)
     agent.to(device)
     optimizer = make_optimizer(agent, spec.config)

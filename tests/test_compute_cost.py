@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from seed.agents import agent_module
+from seed.agents import agent_class
 from seed.bench.compute_cost import make_unrolls, measure
 from seed.envs import make_spec
 from seed.learner_main import resolve_config
@@ -36,7 +36,7 @@ def test_unrolls_are_played_by_the_agent_with_the_configured_shape(tmp_path):
     config = resolve_config({"logdir": str(tmp_path / "run"), "agent": "vtrace", "env": "fake:atari",
                              "batch_size": 3, "unroll_length": 4})
     spec = make_spec(config.env, config.env_options())
-    agent = agent_module("vtrace").Agent(spec, config)
+    agent = agent_class("vtrace")(spec, config)
     unrolls = make_unrolls(agent, spec, config, torch.Generator().manual_seed(0))
     assert unrolls.observation.shape == (5, 3, *spec.observation_shape)
     assert unrolls.observation.dtype == torch.uint8

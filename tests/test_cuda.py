@@ -17,14 +17,14 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a C
 
 
 def _agent(agent_name: str, **overrides):
-    from seed.agents import agent_module
+    from seed.agents import agent_class
     from seed.envs import make_spec
 
     config = resolve_config(dict(agent=agent_name, env="fake:atari", num_actors=4, envs_per_actor=4, network="nature",
                                  use_lstm=True, lstm_size=64, unroll_length=6, burn_in=2 if agent_name == "r2d2" else 0,
                                  batch_size=4, **overrides))
     spec = make_spec("fake:atari")
-    return agent_module(agent_name).Agent(spec, config), spec, config
+    return agent_class(agent_name)(spec, config), spec, config
 
 
 @pytest.fixture(autouse=True)

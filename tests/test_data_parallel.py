@@ -22,7 +22,7 @@ UPDATES = 20
 
 
 def _agent_and_config(agent_name: str):
-    from seed.agents import agent_module
+    from seed.agents import agent_class
     from seed.envs import make_spec
     from seed.learner_main import resolve_config
 
@@ -36,16 +36,16 @@ def _agent_and_config(agent_name: str):
     config = resolve_config(values)
     torch.manual_seed(0)
     spec = make_spec(config.env)
-    return agent_module(agent_name).Agent(spec, config), spec, config
+    return agent_class(agent_name)(spec, config), spec, config
 
 
 def _batches(spec, config, agent_name: str) -> list[TrainingBatch]:
     """UPDATES fixed random batches [L, B, ...] (the same in every process)."""
     rng = np.random.default_rng(7)
     length, b = config.burn_in + config.unroll_length + 1, config.batch_size
-    from seed.agents import agent_module
+    from seed.agents import agent_class
 
-    state_template = agent_module(agent_name).Agent(spec, config).initial_state(b)
+    state_template = agent_class(agent_name)(spec, config).initial_state(b)
     batches = []
     for _ in range(UPDATES):
         steps = {
@@ -70,7 +70,8 @@ def _batches(spec, config, agent_name: str) -> list[TrainingBatch]:
 
 def _train(agent_name: str, shard=None) -> tuple[dict[str, torch.Tensor], list]:
     """(network parameters after UPDATES updates, each update's priorities or None)."""
-    from seed.training import make_optimizer, train_on_batch
+    from seed.optimizers import make_optimizer
+    from seed.training import train_on_batch
 
     agent, spec, config = _agent_and_config(agent_name)
     optimizer = make_optimizer(agent, config)

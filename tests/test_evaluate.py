@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from seed import checkpoint
-from seed.agents import agent_module
+from seed.agents import agent_class
 from seed.envs import make_spec
 from seed.evaluate import EVAL_SEED_OFFSET, EpisodeVideo, episode_quotas, open_video_writer
 from seed.learner_main import resolve_config
@@ -36,7 +36,7 @@ def write_checkpoint(logdir: str, controller: tuple[float, ...] | None = None, s
     layout the learner writes: agent, optimizer, counters, config. Returns the saved config."""
     config = resolve_config({"agent": "vtrace", "env": ENV, "logdir": logdir, "seed": seed})
     spec = make_spec(config.env, config.env_options())
-    agent = agent_module(config.agent).Agent(spec, config)
+    agent = agent_class(config.agent)(spec, config)
     if controller is not None:
         set_controller(agent.network, controller)
     optimizer = torch.optim.Adam(agent.network.parameters())

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import torch
 
-from seed.agents import agent_module
+from seed.agents import agent_class
 from seed.contracts import InferenceBatch
 from seed.envs import make_spec
 from seed.learner import Learner
@@ -48,7 +48,7 @@ def test_vtrace_never_trains_on_eval_envs(tmp_path):
 
 def _vtrace_agent_with_fixed_logits(tmp_path, **values):
     config = _config(tmp_path, **values)
-    agent = agent_module("vtrace").Agent(make_spec(config.env, config.env_options()), config)
+    agent = agent_class("vtrace")(make_spec(config.env, config.env_options()), config)
     with torch.no_grad():  # logits [0, 0.2] whatever the input: argmax 1, a sample is 0 about 45% of the time
         agent.network.policy.weight.zero_()
         agent.network.policy.bias.copy_(torch.tensor([0.0, 0.2]))
@@ -83,7 +83,7 @@ def test_vtrace_eval_envs_sample_by_default(tmp_path):
 def test_r2d2_evaluation_policy_uses_eval_epsilon(tmp_path):
     torch.manual_seed(0)
     config = _config(tmp_path, agent="r2d2", eval_epsilon=0.5)
-    agent = agent_module("r2d2").Agent(make_spec(config.env, config.env_options()), config)
+    agent = agent_class("r2d2")(make_spec(config.env, config.env_options()), config)
     n = 2000
     batch = InferenceBatch(torch.zeros(n, dtype=torch.long), torch.zeros(n, 4), torch.zeros(n),
                            torch.ones(n, dtype=torch.bool), torch.zeros(n, dtype=torch.long))

@@ -162,15 +162,15 @@ def test_a_resumed_optimizer_takes_the_identical_next_step():
 
 @pytest.mark.parametrize("agent", ["vtrace", "r2d2", "ppo"])
 def test_make_optimizer_gives_every_agent_clipped_lars(tmp_path, agent):
-    from seed.agents import agent_module
+    from seed.agents import agent_class
     from seed.envs import make_spec
     from seed.learner_main import resolve_config
-    from seed.training import make_optimizer
+    from seed.optimizers import make_optimizer
 
     extra = dict(sync="hts") if agent == "ppo" else {}
     config = resolve_config(dict(agent=agent, env="gym:CartPole-v1", logdir=str(tmp_path), optimizer="clipped_lars",
                                  learning_rate=0.05, lars_warmup_steps=3, **extra))
-    instance = agent_module(agent).Agent(make_spec(config.env, config.env_options()), config)
+    instance = agent_class(agent)(make_spec(config.env, config.env_options()), config)
     optimizer = make_optimizer(instance, config)
     assert isinstance(optimizer, ClippedLARS)
     weights, excluded = optimizer.param_groups
@@ -185,11 +185,24 @@ def test_make_optimizer_gives_every_agent_clipped_lars(tmp_path, agent):
 
 
 def test_an_unknown_optimizer_is_refused_naming_the_flag(tmp_path):
-    from seed.learner_main import resolve_config
-    from seed.training import make_optimizer
+    """Refused when the configuration resolves (before anything is built), so --print_config refuses it too with
+    the one-line error, and make_optimizer still refuses a configuration that skipped the checks."""
+    import dataclasses
+    import subprocess
+    import sys
 
-    config = resolve_config(dict(env="gym:CartPole-v1", logdir=str(tmp_path), optimizer="lamb"))
-    with pytest.raises(ValueError, match="optimizer: got 'lamb', expected adam or clipped_lars"):
+    from seed.learner_main import resolve_config
+    from seed.optimizers import make_optimizer
+
+    with pytest.raises(ValueError, match="--optimizer: got 'lamb', expected adam or clipped_lars"):
+        resolve_config(dict(env="gym:CartPole-v1", logdir=str(tmp_path), optimizer="lamb"))
+    cli = subprocess.run([sys.executable, "-m", "seed.learner_main", "--print_config", "--optimizer=no_such_optimizer",
+                          f"--logdir={tmp_path}"], capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and cli.stdout == ""
+    assert cli.stderr.strip() == ("seed-learner: --optimizer: got 'no_such_optimizer', expected adam or "
+                                  "clipped_lars"), cli.stderr
+    config = dataclasses.replace(resolve_config(dict(env="gym:CartPole-v1", logdir=str(tmp_path))), optimizer="lamb")
+    with pytest.raises(ValueError, match="--optimizer: got 'lamb', expected adam or clipped_lars"):
         make_optimizer(None, config)
 
 

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
-from seed.agents.ppo.agent import Agent
+from seed.agents.ppo.agent import PPOAgent as Agent
 from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
 from seed.envs import make_spec
 from seed.learner_main import resolve_config

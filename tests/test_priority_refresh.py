@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from seed.agents.r2d2.agent import Agent
+from seed.agents.r2d2.agent import R2D2Agent
+from seed.agents.r2d2.agent import R2D2Agent as Agent
 from seed.envs import make_spec
 from seed.parameters import ParameterPublisher
 from seed.priority_refresh import PriorityRefresher, make_priority_refresher
@@ -133,10 +134,16 @@ def test_the_oldest_priority_age_drops_after_a_sweep(tmp_path):
 
 
 def test_an_agent_without_a_replay_is_refused_naming_the_flag(tmp_path):
-    config = _config(tmp_path, agent="vtrace", burn_in=0, priority_refresh_interval_s=5.0)
-    with pytest.raises(ValueError, match="--priority_refresh_interval_s: got 5.0 with --agent=vtrace, expected 0"):
-        make_priority_refresher(config, object(), object(), None, 0, threading.Event(), lambda values: None)
-    assert make_priority_refresher(_config(tmp_path), None, None, None, 0, threading.Event(), print) is None
+    """--priority_refresh_interval_s is a replay flag: --agent=vtrace refuses it when the configuration resolves,
+    naming the agents that have it."""
+    from seed.learner_main import resolve_config
+
+    with pytest.raises(ValueError, match=r"--priority_refresh_interval_s: got 5.0 with --agent=vtrace, which has "
+                                         r"no such setting; a flag of --agent=r2d2 or --agent=muzero"):
+        resolve_config(dict(agent="vtrace", env="fake:vector", logdir=str(tmp_path / "run"),
+                            priority_refresh_interval_s=5.0))
+    assert make_priority_refresher(_config(tmp_path, priority_refresh_interval_s=0.0), R2D2Agent, None, None, 0,
+                                   threading.Event(), print) is None
 
 
 def test_an_r2d2_learner_on_cartpole_refreshes_every_priority_while_it_trains(processes, tmp_path):

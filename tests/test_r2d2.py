@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from seed.agents.r2d2.agent import ATARI_TABLE_8, Agent
+from seed.agents.r2d2.agent import ATARI_TABLE_8
+from seed.agents.r2d2.agent import R2D2Agent as Agent
 from seed.learner import Learner
 from seed.learner_main import resolve_config
 from seed.unroll import Unroll

@@ -418,14 +418,14 @@ def test_state_returns_before_the_updates_the_child_made_after_it(tmp_path):
     """The child may finish more updates right after answering "state": a checkpoint records only the updates
     before the state (its counters must be the state's), the later ones arrive with the next receive. The
     child's side of the pipes is played here, so the order is exact (a real child shows it only sometimes)."""
-    from seed.agents import agent_module
+    from seed.agents import agent_class
     from seed.envs import make_spec
-    from seed.training import make_optimizer
+    from seed.optimizers import make_optimizer
     from seed.training_process import TrainingProcess, to_bytes
 
     config = _config(tmp_path)
     spec = make_spec(config.env, config.env_options())
-    agent = agent_module(config.agent).Agent(spec, config)
+    agent = agent_class(config.agent)(spec, config)
     optimizer = make_optimizer(agent, config)
     process = TrainingProcess(config, spec, agent, optimizer, 0, lambda timeout_s: None, threading.Event())
     _, child_results = process._child_ends

@@ -70,14 +70,14 @@ def test_no_gradients_and_shape_errors():
 def test_agent_reports_off_policyness_and_advantage_metrics(tmp_path):
     """On-policy data gives rho = 1 and nothing clipped; behaviour logits that make the taken actions less likely
     than the trained policy does show up as rho > 1 and a clipped fraction."""
-    from seed.agents import agent_module
+    from seed.agents import agent_class
     from seed.envs import make_spec
     from seed.learner_main import resolve_config
     from seed.unroll import TrainingBatch, Unroll
 
     config = resolve_config({"logdir": str(tmp_path / "run"), "agent": "vtrace", "num_actors": 1,
                              "envs_per_actor": 2})
-    agent = agent_module("vtrace").Agent(make_spec(config.env, config.env_options()), config)
+    agent = agent_class("vtrace")(make_spec(config.env, config.env_options()), config)
     steps, envs, generator = 6, 3, torch.Generator().manual_seed(0)
     spec = agent.spec
     unroll_steps = {

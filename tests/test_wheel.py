@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from seed import checkpoint
-from seed.agents import AGENTS
+from seed.agents import names as agent_names
 from tests.conftest import REPO, read_metrics, wait_for
 
 pytestmark = pytest.mark.wheel
@@ -182,7 +182,7 @@ def test_bench_and_report_run_outside_the_repository(installed):
 AGENT_FLAGS = {"r2d2": ["--replay_min_size=32"]}
 
 
-@pytest.mark.parametrize("agent", AGENTS)
+@pytest.mark.parametrize("agent", agent_names())
 def test_every_agent_trains_from_a_plain_install(installed, tmp_path, agent):
     """`seed-learner --agent=<agent>` and one `seed-actor` on CartPole, from the venv that holds only the wheel,
     the atari extra and what they declare (the defaults: the training process and the shared-memory actor path):

@@ -27,6 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from seed.agents.muzero.config import MuZeroConfig
 from seed.agents.muzero.losses import muzero_loss, predicted_values, start_priorities, value_targets
 from seed.agents.muzero.networks import MLPMuZeroNetwork, MuZeroNetwork, ResNetMuZeroNetwork
 from seed.agents.muzero.reanalysis import reanalyse_batch
@@ -34,6 +35,7 @@ from seed.agents.muzero.targets import support_to_scalar, unroll_masks
 from seed.agents.networks import stack_frames
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
+from seed.contracts import agent as contract
 from seed.envs.base import EnvSpec
 from seed.unroll import LossOutput, TrainingBatch, Unroll
 from seed.wire import torch_dtype
@@ -115,8 +117,29 @@ def check_config(config: LearnerConfig) -> None:
             raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
 
 
-class Agent:
+class MuZeroAgent(contract.Agent):
+    """EfficientZero / SpeedyZero: acts by a batched tree search over its learned model, trains from the central
+    prioritized replay (reanalysing the batch first with --reanalyse_ratio)."""
+
+    config_class = MuZeroConfig
     uses_replay = True
+
+    @classmethod
+    def default_config(cls, env_family: str) -> dict[str, Any]:
+        return default_config(env_family)
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        check_config(config)
+
+    @classmethod
+    def describe_config(cls, config: Any) -> dict[str, Any]:
+        return describe_config(config)
+
+    @classmethod
+    def evaluation_policy(cls, config: Any) -> str:
+        chosen_by = "most visited action" if config.search == "puct" else "argmax of the improved policy"
+        return f"{config.search} search of {config.num_simulations} simulations without root noise, {chosen_by}"
     # `act` cannot be captured as a CUDA graph: the search's loop length comes from the host (its depth bound) and
     # its tree is rebuilt every call; the learner runs it eagerly whatever --cuda_graphs says.
     cuda_graphs = False
@@ -133,7 +156,8 @@ class Agent:
         self.train_steps = 0  # updates made, kept by `after_update`: the age of a step for the off-policy correction
         self.search_config = SearchConfig(
             num_simulations=config.num_simulations, algorithm=config.search, dirichlet_alpha=config.dirichlet_alpha,
-            dirichlet_fraction=0.0)  # the root noise is added here, per row: evaluation rows get none
+            dirichlet_fraction=0.0,  # the root noise is added here, per row: evaluation rows get none
+            backend=config.search_backend)
 
     # --- acting -------------------------------------------------------------------------------------------------
 
@@ -153,9 +177,12 @@ class Agent:
 
     def _root_prior(self, logits: torch.Tensor, noisy: torch.Tensor) -> torch.Tensor:
         """Root prior logits [B, A] with Dirichlet(alpha) noise mixed in (weight `exploration_fraction`) on the rows
-        where `noisy` [B] is set (MuZero's root exploration noise)."""
+        where `noisy` [B] is set (MuZero's root exploration noise), with --search=puct only: Gumbel MuZero explores
+        with its Gumbel noise and builds the improved policy (the policy target) from the network's own logits
+        (Danihelka et al. 2022; mctx's gumbel_muzero_policy adds no Dirichlet noise), so with --search=gumbel the
+        logits come back unchanged (and no noise is drawn)."""
         fraction = self.config.exploration_fraction
-        if fraction <= 0:
+        if fraction <= 0 or self.config.search == "gumbel":
             return logits
         concentration = torch.full_like(logits, self.config.dirichlet_alpha)
         noise = torch._standard_gamma(concentration)
@@ -226,7 +253,7 @@ class Agent:
 
     # --- training -----------------------------------------------------------------------------------------------
 
-    def to(self, device: torch.device) -> Agent:
+    def to(self, device: torch.device) -> contract.Agent:
         self.network.to(device)
         self.target_network.to(device)
         return self
@@ -282,6 +309,20 @@ class Agent:
         """EfficientZero's loss on every start of every sampled sequence (agents/muzero/losses.py)."""
         return muzero_loss(self, batch)
 
+    def update(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, step: contract.UpdateStep
+               ) -> contract.UpdateOutput:
+        """One optimizer step on the loss; with --reanalyse_ratio the batch's policy targets are searched again
+        with the target network first (its metrics are logged beside the loss's)."""
+        reanalysis: dict[str, float] = {}
+        if self.config.reanalyse_ratio > 0:
+            if step.shard is not None:
+                share, loss_scale = step.shard.batch(batch)
+                share, reanalysis = self.reanalyse_batch(share, step.train_steps)
+                return _with_values(contract.gradient_step(self.network, self.loss, batch, optimizer, step,
+                                                           share=(share, loss_scale)), reanalysis)
+            batch, reanalysis = self.reanalyse_batch(batch, step.train_steps)
+        return _with_values(contract.gradient_step(self.network, self.loss, batch, optimizer, step), reanalysis)
+
     def after_update(self, train_steps: int) -> None:
         self.train_steps = train_steps
         if train_steps % self.config.target_update_interval == 0:
@@ -305,6 +346,11 @@ def replay_sequence_bytes(spec: EnvSpec, config: LearnerConfig) -> int:
     frame = int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
     step_bytes = frame + 4 + 1 + 1 + 8 + 8 + 1 + 8 + 4 * spec.num_actions + 4
     return length * step_bytes + (spec.frame_stack - 1) * frame + 8
+
+
+def _with_values(output: contract.UpdateOutput, values: dict[str, float]) -> contract.UpdateOutput:
+    output.values.update(values)
+    return output
 
 
 def describe_config(config: LearnerConfig) -> dict[str, Any]:

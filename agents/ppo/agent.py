@@ -10,18 +10,17 @@ from torch import nn
 from torch.nn import functional as F
 
 from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
+from seed.agents.options import check_network_options
+from seed.agents.ppo.config import PPOConfig
 from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
 from seed.agents.vtrace.agent import ActorCriticNetwork, _sample
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
+from seed.contracts import agent as contract
 from seed.envs.base import EnvSpec
 from seed.unroll import LossOutput, TrainingBatch, Unroll
 
 SAMPLE_STEP = "sample_step"  # --deterministic: int64 per-env step counter keying the env's random stream
-
-# Synchronous (HTS) training is supported: the learner may hold actors at rollout boundaries (--sync=hts).
-SUPPORTS_SYNC = True
-
 
 def default_config(env_family: str) -> dict[str, Any]:
     """Per-env-family defaults (over LearnerConfig's). Every family trains synchronously (`--sync=hts`).
@@ -49,13 +48,42 @@ def default_config(env_family: str) -> dict[str, Any]:
     return {}
 
 
-class Agent:
+class PPOAgent(contract.Agent):
+    """HTS-RL's PPO: samples its policy when acting; each update is epochs of minibatches over one rollout."""
+
+    config_class = PPOConfig
+    supports_sync = True  # the learner may hold actors at rollout boundaries (--sync=hts)
+
+    @classmethod
+    def default_config(cls, env_family: str) -> dict[str, Any]:
+        return default_config(env_family)
+
+    @classmethod
+    def derive_config(cls, config: Any, explicit: dict[str, Any]) -> None:
+        if config.ppo_minibatches > config.batch_size and "ppo_minibatches" not in explicit:
+            config.ppo_minibatches = config.batch_size  # a default too large for a small run: one env per minibatch
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        check_network_options(config)
+        checks = [
+            ("ppo_clip", config.ppo_clip > 0, "> 0"),
+            ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
+            ("ppo_minibatches", 1 <= config.ppo_minibatches <= config.batch_size,
+             f">= 1 and <= batch_size ({config.batch_size}): a minibatch holds whole env columns"),
+        ]
+        for name, ok, expected in checks:
+            if not ok:
+                raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
+
+    @classmethod
+    def evaluation_policy(cls, config: Any) -> str:
+        return "greedy (argmax)" if config.eval_greedy else "sampled from the policy"
+
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
         self.spec = spec
         self.config = config
         self.network = ActorCriticNetwork(spec, config)
-
-    uses_replay = False
 
     def initial_state(self, batch_size: int) -> State:
         state = self.network.initial_state(batch_size)
@@ -63,7 +91,7 @@ class Agent:
             state[SAMPLE_STEP] = torch.zeros(batch_size, dtype=torch.int64)
         return state
 
-    def to(self, device: torch.device) -> Agent:
+    def to(self, device: torch.device) -> contract.Agent:
         """Moves the trained network to the training device."""
         self.network.to(device)
         return self
@@ -156,8 +184,14 @@ class Agent:
         advantages, returns = self.targets(batch.unrolls)
         return self.minibatch_loss(batch.unrolls, advantages, returns)
 
+    def update(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, step: contract.UpdateStep
+               ) -> contract.UpdateOutput:
+        """One learner update: `train_rollout`'s epochs of minibatches (PPO has no replay priorities)."""
+        return contract.UpdateOutput(self.train_rollout(batch, optimizer, step.grad_clip_norm, step.train_steps,
+                                                        step.shard))
+
     def train_rollout(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, grad_clip_norm: float,
-                      update: int, shard: Any = None) -> dict[str, float]:
+                      update: int, shard: contract.GradientShard | None = None) -> dict[str, float]:
         """One learner update on one rollout storage: `ppo_epochs` passes, each over `ppo_minibatches`
         minibatches of env columns (all T steps of b ~ B / ppo_minibatches envs, so recurrent state and frame
         stacks stay whole), one optimizer step each. Advantages come from the values before the first step.
@@ -212,11 +246,3 @@ class Agent:
                 count += 1
         return {key: value / count for key, value in sums.items()}
 
-    def after_update(self, train_steps: int) -> None:
-        """Hook after each learner update (R2D2 copies its target network here)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"network": self.network.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.network.load_state_dict(state["network"])

@@ -13,6 +13,8 @@ import torch
 from torch import nn
 
 from seed.agents.networks import ORTHOGONAL_INIT_NETWORKS, AgentBody, glorot_uniform_, orthogonal_init_, resolve_network
+from seed.agents.options import check_network_options
+from seed.agents.r2d2.config import R2D2Config
 from seed.agents.r2d2.r2d2 import (
     epsilon_schedule,
     inverse_value_rescale,
@@ -22,6 +24,7 @@ from seed.agents.r2d2.r2d2 import (
 )
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
+from seed.contracts import agent as contract
 from seed.envs.base import EnvSpec
 from seed.unroll import LossOutput, TrainingBatch, Unroll
 
@@ -89,8 +92,27 @@ class DuelingQNetwork(nn.Module):
         return q, new_state
 
 
-class Agent:
+class R2D2Agent(contract.Agent):
+    """R2D2: epsilon-greedy on a recurrent dueling Q-network, trained from the central prioritized replay."""
+
+    config_class = R2D2Config
     uses_replay = True
+
+    @classmethod
+    def default_config(cls, env_family: str) -> dict[str, Any]:
+        return default_config(env_family)
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        check_network_options(config)
+
+    @classmethod
+    def describe_config(cls, config: Any) -> dict[str, Any]:
+        return describe_config(config)
+
+    @classmethod
+    def evaluation_policy(cls, config: Any) -> str:
+        return f"epsilon-greedy, eps={config.eval_epsilon}"
 
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
         if config.burn_in >= config.unroll_length:
@@ -113,7 +135,7 @@ class Agent:
         """Bytes one replay sequence of this agent takes (see `replay_sequence_bytes`)."""
         return replay_sequence_bytes(self.spec, self.config, self.network)
 
-    def to(self, device: torch.device) -> Agent:
+    def to(self, device: torch.device) -> contract.Agent:
         """Moves the trained networks (online and target) to the training device."""
         self.network.to(device)
         self.target_network.to(device)

@@ -9,9 +9,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from seed.agents.networks import ORTHOGONAL_INIT_NETWORKS, AgentBody, orthogonal_init_, resolve_network
+from seed.agents.options import check_network_options
+from seed.agents.vtrace.config import VTraceConfig
 from seed.agents.vtrace.vtrace import from_importance_weights
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
+from seed.contracts import agent as contract
 from seed.envs.base import EnvSpec
 from seed.unroll import LossOutput, TrainingBatch
 
@@ -78,7 +81,23 @@ class ActorCriticNetwork(nn.Module):
         return self.policy(features), self.baseline(features).squeeze(-1), new_state
 
 
-class Agent:
+class VTraceAgent(contract.Agent):
+    """IMPALA's actor-critic: samples its policy when acting, trains the V-trace loss from the FIFO queue."""
+
+    config_class = VTraceConfig
+
+    @classmethod
+    def default_config(cls, env_family: str) -> dict[str, Any]:
+        return default_config(env_family)
+
+    @classmethod
+    def check_config(cls, config: Any) -> None:
+        check_network_options(config)
+
+    @classmethod
+    def evaluation_policy(cls, config: Any) -> str:
+        return "greedy (argmax)" if config.eval_greedy else "sampled from the policy"
+
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
         self.spec = spec
         self.config = config
@@ -87,7 +106,7 @@ class Agent:
     def initial_state(self, batch_size: int) -> State:
         return self.network.initial_state(batch_size)
 
-    def to(self, device: torch.device) -> Agent:
+    def to(self, device: torch.device) -> contract.Agent:
         """Moves the trained network to the training device."""
         self.network.to(device)
         return self
@@ -113,8 +132,6 @@ class Agent:
         logits, _, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
                                        batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
         return logits[0], new_state
-
-    uses_replay = False
 
     def loss(self, batch: TrainingBatch) -> LossOutput:
         """IMPALA loss on a time-major batch of unrolls of T + 1 steps.
@@ -164,11 +181,3 @@ class Agent:
         }
         return LossOutput(total, metrics)
 
-    def after_update(self, train_steps: int) -> None:
-        """Hook after each optimizer step (R2D2 copies its target network here)."""
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"network": self.network.state_dict()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.network.load_state_dict(state["network"])

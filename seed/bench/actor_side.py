@@ -38,12 +38,12 @@ from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from seed.actor_stats import ActorStats
-from seed.agents import agent_module
-from seed.config import EnvOptions, LearnerConfig, define_flags, explicit_flags
+from seed.config import EnvOptions, LearnerConfig, explicit_flags
 from seed.contracts import InferenceBatch
 from seed.envs import make_batch, make_spec
 from seed.envs.base import EnvSpec
 from seed.experience import Prefetcher, UnrollQueue
+from seed.learner_main import define_learner_flags, learner_fields, resolve_config
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
 
@@ -140,7 +140,7 @@ class ActorSideLearner:
         self.spec = spec or make_spec(config.env, env_options(config))
         self.device = torch.device(config.training_device)
         self.stop_event = threading.Event()
-        self.agent = agent_module(config.agent).Agent(self.spec, config)
+        self.agent = type(config).agent_class(self.spec, config)
         self.agent.network.to(self.device)
         self.optimizer = torch.optim.Adam(self.agent.network.parameters(), lr=config.learning_rate,
                                           eps=config.adam_epsilon, betas=(config.adam_beta1, 0.999))
@@ -246,7 +246,7 @@ class ActorSideActor:
         k = config.envs_per_actor
         self.envs = make_batch(config.env, k, actor_index * k, env_options(config))
         self.spec = self.envs.spec
-        self.agent = agent_module(config.agent).Agent(self.spec, config)
+        self.agent = type(config).agent_class(self.spec, config)
         self.network = self.agent.network.eval()
         self.unroll_store = UnrollStore(k, config.unroll_length, getattr(config, "burn_in", 0))
         self.stats = ActorStats(stats_file, stats_interval_s, self.spec.action_repeat, actor_index)
@@ -314,10 +314,9 @@ class ActorSideActor:
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    from seed.learner_main import resolve_config
 
     FLAGS = flags.FLAGS
-    config = resolve_config(explicit_flags(LearnerConfig, FLAGS))
+    config = resolve_config(explicit_flags(learner_fields(), FLAGS))
     if FLAGS.role == "learner":
         learner = ActorSideLearner(config)
         signal.signal(signal.SIGTERM, lambda *_: learner.stop_event.set())
@@ -336,7 +335,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    define_flags(LearnerConfig)
+    define_learner_flags()
     flags.DEFINE_string("role", "learner", "learner or actor.")
     flags.DEFINE_integer("actor_index", 0, "Actor role: this actor's index (env ids [index*K, (index+1)*K)).")
     flags.DEFINE_string("stats_file", "", "Actor role: JSON Lines stats file (see seed/actor_stats.py).")

@@ -49,7 +49,8 @@ from seed.bench.configs import DEFAULT_CONFIGS, build_setup, load_bench_configs
 from seed.bench.measure import BenchError
 from seed.bench.results import BASELINES, SCHEMA, run_bench, summary_markdown, write_json
 from seed.bench.sweep import SWEEPS, sweep_plot, sweep_setups, sweep_table
-from seed.config import LearnerConfig, define_flags, explicit_flags
+from seed.config import explicit_flags
+from seed.learner_main import define_learner_flags, learner_fields
 
 # ----------------------------------------------------------------------------------------------- main
 
@@ -62,7 +63,7 @@ def _stem(path: str) -> str:
 
 
 def _define_bench_flags() -> None:
-    define_flags(LearnerConfig)  # any learner flag overrides the named configuration
+    define_learner_flags()  # any learner flag overrides the named configuration
     flags.DEFINE_string("config", "", "Name of a configuration in --bench_configs (see --list).")
     flags.DEFINE_string("name", "", "The result's name (its rows in seed-report), e.g. pong_vtrace_gpu for a "
                                     "configuration run with overrides; default the --config name.")
@@ -105,7 +106,7 @@ def main(argv: list[str]) -> None:
         unknown = sorted(set(FLAGS.baselines) - set(BASELINES))
         if unknown:
             raise BenchError(f"--baselines: got {unknown}, expected a subset of {', '.join(BASELINES)}")
-        overrides = explicit_flags(LearnerConfig, FLAGS)
+        overrides = explicit_flags(learner_fields(), FLAGS)
         setup, bench = build_setup(FLAGS.config, FLAGS.bench_configs, overrides, FLAGS.transport,
                                    FLAGS.switch_interval_ms)
         name = FLAGS.name or FLAGS.config

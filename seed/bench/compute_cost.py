@@ -31,12 +31,11 @@ from typing import Any
 import torch
 from absl import app, flags
 
-from seed.agents import agent_module
-from seed.config import LearnerConfig, define_flags, explicit_flags
+from seed.config import LearnerConfig, burn_in_steps, explicit_flags
 from seed.contracts import InferenceBatch
 from seed.envs import make_spec
 from seed.host_memory import keep_freed_memory
-from seed.learner_main import resolve_config
+from seed.learner_main import define_learner_flags, learner_fields, resolve_config
 from seed.unroll import STEP_FIELDS, TrainingBatch, Unroll
 
 FLAGS = flags.FLAGS
@@ -52,7 +51,7 @@ def _batch(spec, rows: int, step: int, generator: torch.Generator, actions: torc
 def make_unrolls(agent: Any, spec, config: LearnerConfig, generator: torch.Generator) -> Unroll:
     """A time-major batch [burn_in + unroll_length + 1, batch_size, ...] played by `agent.act` on random frames."""
     rows = config.batch_size
-    length = config.burn_in + config.unroll_length + 1
+    length = burn_in_steps(config) + config.unroll_length + 1
     initial = agent.initial_state(rows)
     state = dict(initial)
     actions = torch.zeros(rows, dtype=torch.int64)
@@ -90,7 +89,7 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
         keep_freed_memory()  # as the learner does
     torch.manual_seed(config.seed)
     spec = make_spec(config.env, config.env_options())
-    agent = agent_module(config.agent).Agent(spec, config)
+    agent = type(config).agent_class(spec, config)
     generator = torch.Generator().manual_seed(config.seed)
     inference_ms = {}
     for rows in inference_batch_sizes:
@@ -128,7 +127,7 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
     return {
         "agent": config.agent, "env": config.env, "network": config.network, "use_lstm": config.use_lstm,
         "preset": config.preset, "batch_size": config.batch_size, "unroll_length": config.unroll_length,
-        "burn_in": config.burn_in, "replay_ratio": replay_ratio,
+        "burn_in": burn_in_steps(config), "replay_ratio": replay_ratio,
         "torch_threads": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
         "torch": torch.__version__, "repeats": repeats,
         "inference_ms": {str(k): round(v, 3) for k, v in inference_ms.items()},
@@ -140,7 +139,7 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
 
 def main(argv: list[str]) -> None:
     del argv
-    values = explicit_flags(LearnerConfig, FLAGS)
+    values = explicit_flags(learner_fields(), FLAGS)
     values.setdefault("logdir", "/tmp/seed-compute-cost")
     config = resolve_config(values)
     sizes = [int(s) for s in FLAGS.inference_batch_sizes]
@@ -156,7 +155,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    define_flags(LearnerConfig)
+    define_learner_flags()
     flags.DEFINE_list("inference_batch_sizes", ["8", "16"], "Rows per timed inference forward.")
     flags.DEFINE_integer("repeats", 20, "Timed training steps (inference forwards: 5x as many); medians reported.")
     flags.DEFINE_string("out", "", "Write the JSON result here too.")

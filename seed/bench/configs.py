@@ -11,6 +11,7 @@ from typing import Any
 
 from seed.bench.measure import BenchError
 from seed.config import LearnerConfig
+from seed.learner_main import learner_fields as all_learner_fields
 
 BENCH_ONLY_KEYS = {"description", "duration_s", "actor_torch_threads", "requires"}
 # seed-bench owns these learner flags: a run needs a fresh logdir (no resume) and never stops by itself.
@@ -33,7 +34,7 @@ def load_bench_configs(path: str) -> dict[str, dict[str, Any]]:
 
 def split_bench_config(name: str, entry: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str, Any]]:
     """(learner flags, bench-only settings) of one named configuration; unknown keys are an error."""
-    learner_fields = {f.name for f in dataclasses.fields(LearnerConfig)}
+    learner_fields = set(all_learner_fields())
     unknown = sorted(set(entry) - learner_fields - BENCH_ONLY_KEYS)
     if unknown:
         raise BenchError(f"bench configuration {name!r} in {path}: keys {unknown} are neither seed-learner flags "
@@ -50,7 +51,7 @@ def resolve_learner_config(learner_flags: dict[str, Any]) -> LearnerConfig:
     """The learner's resolved configuration (agent defaults applied), as the learner process will see it."""
     from seed.learner_main import resolve_config
 
-    fields = {f.name: f for f in dataclasses.fields(LearnerConfig)}
+    fields = all_learner_fields()
     typed = {}
     for key, value in learner_flags.items():
         kind = type(fields[key].default)

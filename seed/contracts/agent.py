@@ -30,7 +30,7 @@ Instance members (the learner, the training process, inference and seed-eval):
   with a replay (uses_replay):
     replay_sequence_bytes() the host bytes of one stored sequence (the replay's memory check)
     initial_priorities(unrolls)     priorities of sequences entering the replay
-    priorities(unrolls, network, target_network)  Priority Refresh's priorities, None if the agent has none
+    priorities(unrolls, network, target_network)  Priority Refresh's priorities of stored sequences
     target_network          the network priorities bootstrap from, None if none
 """
 
@@ -126,11 +126,13 @@ class Agent(abc.ABC):
     def check_config(cls, config: Any) -> None:
         """Raises ValueError naming the field, the value received and the value expected for a configuration
         this agent refuses. Runs when the configuration resolves (also for --print_config). Default: accepts."""
+        return None
 
     @classmethod
     def derive_config(cls, config: Any, explicit: dict[str, Any]) -> None:
         """Sets values derived from others once every layer is applied; `explicit`: the flags the user typed
         (a derived value never overrides one). Default: nothing."""
+        return None
 
     @classmethod
     def describe_config(cls, config: Any) -> dict[str, Any]:
@@ -182,6 +184,7 @@ class Agent(abc.ABC):
     def after_update(self, train_steps: int) -> None:
         """After each update, with the number of updates made (R2D2 and MuZero copy their target networks).
         Default: nothing."""
+        return None
 
     def state_dict(self) -> dict[str, Any]:
         """Everything to checkpoint besides the optimizer. Default: the network's state dict."""
@@ -203,19 +206,22 @@ class Agent(abc.ABC):
         """Priorities [len(unrolls)] of sequences entering the replay. Default: 1 each (uniform until trained)."""
         return np.ones(len(unrolls), np.float64)
 
-    def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module | None
-                   ) -> torch.Tensor | None:
-        """Priority Refresh: priorities [B] of stored sequences under `network`; None = the agent has none
-        (the refresher is then refused)."""
-        return None
+    def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module | None) -> torch.Tensor:
+        """Priority Refresh: priorities [B] of stored sequences under `network` (and the target network it
+        bootstraps from). Needed when `uses_replay`."""
+        raise NotImplementedError(f"{type(self).__name__} uses a replay but has no priority function")
 
 
 def gradient_step(network: nn.Module, loss_fn: Callable[[TrainingBatch], LossOutput], batch: TrainingBatch,
-                  optimizer: torch.optim.Optimizer, step: UpdateStep) -> UpdateOutput:
+                  optimizer: torch.optim.Optimizer, step: UpdateStep,
+                  share: tuple[TrainingBatch, float] | None = None) -> UpdateOutput:
     """One optimizer step of `network` on `loss_fn(batch)` (the default `Agent.update`): zero the gradients,
-    backward, average them over the ranks with a shard, clip (`gradient_norm` is logged), step."""
+    backward, average them over the ranks with a shard, clip (`gradient_norm` is logged), step. `share`: this
+    rank's (batch, loss scale) when the caller has taken it already (default: `step.shard.batch(batch)`)."""
     shard = step.shard
-    share, loss_scale = (batch, 1.0) if shard is None else shard.batch(batch)
+    if share is None:
+        share = (batch, 1.0) if shard is None else shard.batch(batch)
+    share, loss_scale = share
     out = loss_fn(share)
     optimizer.zero_grad(set_to_none=True)
     (out.loss if shard is None else out.loss * loss_scale).backward()

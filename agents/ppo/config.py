@@ -1,0 +1,16 @@
+"""The PPO (HTS-RL) agent's flags (`--agent=ppo`)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from seed.agents.options import ActorCriticOptions, NetworkOptions
+from seed.config import option
+from seed.contracts.agent import AgentConfig
+
+
+@dataclasses.dataclass
+class PPOConfig(AgentConfig, NetworkOptions, ActorCriticOptions):
+    ppo_clip: float = option(0.2, "PPO: epsilon of the clipped surrogate, ratio clipped to [1 - eps, 1 + eps].")
+    ppo_epochs: int = option(2, "PPO: passes over each rollout per learner update.")
+    ppo_minibatches: int = option(8, "PPO: minibatches per pass; each holds all steps of about B / this many envs.")

@@ -1,0 +1,18 @@
+"""The R2D2 agent's flags (`--agent=r2d2`), with the central replay's."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from seed.agents.options import NetworkOptions
+from seed.config import ReplayOptions, option
+from seed.contracts.agent import AgentConfig
+
+
+@dataclasses.dataclass
+class R2D2Config(AgentConfig, NetworkOptions, ReplayOptions):
+    n_steps: int = option(5, "R2D2: n of the n-step double-Q targets.")
+    value_rescaling_epsilon: float = option(1e-3, "R2D2: eps of h(x) = sign(x)(sqrt(|x|+1)-1)+eps x.")
+    epsilon_base: float = option(0.4, "R2D2: training env i of N explores with base^(1 + alpha i / (N - 1)).")
+    epsilon_alpha: float = option(7.0, "R2D2: alpha of the epsilon schedule.")
+    eval_epsilon: float = option(1e-3, "R2D2: epsilon of eval envs.")
