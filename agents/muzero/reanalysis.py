@@ -4,7 +4,8 @@ A step's policy target is the search policy stored when it was acted, by a netwo
 updates old. Before an update, the first `round(reanalyse_ratio x B)` sequences of the batch (the replay samples
 them independently, so the first columns are a random subset) get new policy targets: a search of every stored
 position that a K-step unroll reads a policy target from (positions 0 .. unroll_length + K - 1) with the target
-network, with the training envs' root Dirichlet noise (as EfficientZero's reanalysis). Value targets need no
+network, with the training envs' root noise (as EfficientZero's reanalysis: pUCT's Dirichlet noise; a Gumbel
+search adds none, its improved policy is built from the network's own logits). Value targets need no
 pass here: the loss bootstraps them from the target network at every update (agents/muzero/losses.py).
 
 Where it runs: inside the update (seed/training.py), so in the training process by default, or on the learner's
