@@ -4,6 +4,8 @@ sampling under a generator, and the same trees on CUDA as on the CPU."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -355,3 +357,23 @@ def test_first_argmax0_takes_the_lowest_index_among_ties():
     got = first_argmax0(scores)
     np.testing.assert_array_equal(got, expected)
     np.testing.assert_array_equal(first_argmax0(torch.from_numpy(scores)).numpy(), expected)
+
+
+def test_gumbel_q_differences_below_the_range_floor_barely_move_the_improved_policy():
+    """Q values 1e-4 apart (the float32 read-out noise the value transform had) over a prior 98% sure of action 0:
+    the min-max rescaling divides by max(range, MIN_Q_RANGE = 0.01), so sigma moves the logits by at most
+    (maxvisit_init + max N) * value_scale * 0.01 and the target stays near the prior. Seen failing with the old
+    1e-8 floor, which stretched the 1e-4 apart Q values to [0, 1]: a target of 0.15 for action 0."""
+    from seed.agents.muzero.search.gumbel import MIN_Q_RANGE
+
+    sure = torch.log(torch.tensor([0.98, 0.02 / 3, 0.02 / 3, 0.02 / 3], dtype=torch.float64))
+    config = SearchConfig(num_simulations=16, algorithm="gumbel", max_num_considered_actions=4)
+    out = search(bandit_root(8, 4, sure.tolist()), bandit([0.0, 1e-4, 1e-4, 1e-4]), config,
+                 generator=torch.Generator().manual_seed(0))
+    shift = (config.maxvisit_init + 16) * config.value_scale * 1e-4 / MIN_Q_RANGE  # at most, on actions 1-3
+    expected = 0.98 / (0.98 + 0.02 * math.exp(shift))
+    assert (out.action_weights[:, 0] >= expected - 1e-9).all() and expected > 0.97
+    # A Q difference above the floor is rescaled to [0, 1] as before: action 1 (Q 1 higher) gains.
+    out = search(bandit_root(8, 4, sure.tolist()), bandit([0.0, 1.0, 0.0, 0.0]), config,
+                 generator=torch.Generator().manual_seed(0))
+    assert (out.action_weights[:, 1] > 0.5).all()  # from a prior of 0.0067

@@ -18,11 +18,18 @@ def value_transform(x: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
 
 
 def inverse_value_transform(y: torch.Tensor, eps: float = 1e-3) -> torch.Tensor:
-    """h^-1(y) = sign(y) (((sqrt(1 + 4 eps (|y| + 1 + eps)) - 1) / (2 eps))^2 - 1), the exact inverse of h."""
-    if eps == 0:
-        return torch.sign(y) * ((torch.abs(y) + 1.0) ** 2 - 1.0)
-    return torch.sign(y) * (((torch.sqrt(1.0 + 4.0 * eps * (torch.abs(y) + 1.0 + eps)) - 1.0) / (2.0 * eps)) ** 2
-                            - 1.0)
+    """h^-1(y) = sign(y) (((sqrt(1 + 4 eps (|y| + 1 + eps)) - 1) / (2 eps))^2 - 1), the exact inverse of h, in the
+    algebraically equal form that subtracts no nearly equal numbers:
+
+        s = sqrt((1 + 2 eps)^2 + 4 eps |y|),   d = 2 |y| / (1 + 2 eps + s),   h^-1(y) = sign(y) d (d + 2)
+
+    ((s - 1) / (2 eps) = 1 + d, so the square minus 1 is d (d + 2); eps = 0 gives d = |y|). The textbook form loses
+    about three digits in float32 near 0 (errors up to 1.7e-4; all-zero value logits read 2.6e-5): enough noise to
+    decide a Gumbel search's min-max rescaled Q (search/gumbel.py). This one stays within a few float32 ulps."""
+    magnitude = torch.abs(y)
+    s = torch.sqrt((1.0 + 2.0 * eps) ** 2 + 4.0 * eps * magnitude)
+    d = 2.0 * magnitude / (1.0 + 2.0 * eps + s)
+    return torch.sign(y) * d * (d + 2.0)
 
 
 def scalar_to_support(x: torch.Tensor, support_size: int, eps: float = 1e-3) -> torch.Tensor:

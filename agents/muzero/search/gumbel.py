@@ -5,7 +5,7 @@ improved-policy selection inside the tree, and the improved policy as the policy
                                                                                   c_scale = value_scale
     completed Q    = Q(a) for visited a, else v_mix                              (the paper's eq. 33: v_mix mixes
                      the network value with the prior-weighted Q of the visited actions), then min-max rescaled
-                     over the node's actions
+                     over the node's actions: (Q - min) / max(max - min, MIN_Q_RANGE)
     improved pi    = softmax(logits + sigma(completed Q))
 
 Root, simulation k: among the actions whose visits equal the schedule's considered_visit(k) (sequential halving:
@@ -43,6 +43,10 @@ from seed.agents.muzero.search.tree import (
 )
 from seed.agents.muzero.search.types import SearchConfig
 
+# The smallest Q range the min-max rescaling of completed Q divides by (EfficientZero floors its min-max
+# normalisation at 0.01; mctx at 1e-8): a node whose Q values differ by less than this (e.g. by the float32 noise of
+# the value read-out, about 1e-6) gets rescaled differences below 1 in proportion, not stretched to [0, 1].
+MIN_Q_RANGE = 0.01
 LOW_LOGIT = -1e9  # floor of g + logits + sigma, so that the considered-visits penalty (-inf) always dominates
 TINY = (float(np.finfo(np.float32).tiny), float(np.finfo(np.float64).tiny))  # floor of a prior: float32, float64
 
@@ -77,7 +81,8 @@ def considered_visits_table(max_num_considered: int, num_simulations: int) -> li
 def completed_q_sigma(prior: Array, cached_q: Array, visits: Array, node_visits: Array, raw_value: Array,
                       config: SearchConfig) -> Array:
     """sigma(completed Q), rescaled to [0, 1] over the node's actions before sigma (mctx's
-    qtransform_completed_by_mix_value), actions first: every reduction is over the first axis.
+    qtransform_completed_by_mix_value: (Q - min) / max(max - min, MIN_Q_RANGE), the floor EfficientZero's), actions
+    first: every reduction is over the first axis.
 
     prior, cached_q (reward + discount * value, -inf while unvisited), visits [A, M] for M nodes; node_visits [M]
     the node's own visits, 1 + the sum of its children's (its expansion counts as one; given, since it saves a
@@ -95,7 +100,7 @@ def completed_q_sigma(prior: Array, cached_q: Array, visits: Array, node_visits:
     completed = xp.where(visited, q, mixed)
     low = amin(completed, 0)
     high = amax(completed, 0)
-    rescaled = (completed - low) / clip_min(high - low, 1e-8)
+    rescaled = (completed - low) / clip_min(high - low, MIN_Q_RANGE)
     return (config.maxvisit_init + amax(visits, 0)) * config.value_scale * rescaled
 
 
