@@ -377,3 +377,122 @@ def test_gumbel_q_differences_below_the_range_floor_barely_move_the_improved_pol
     out = search(bandit_root(8, 4, sure.tolist()), bandit([0.0, 1.0, 0.0, 0.0]), config,
                  generator=torch.Generator().manual_seed(0))
     assert (out.action_weights[:, 1] > 0.5).all()  # from a prior of 0.0067
+
+
+# --- Gumbel MuZero against the scalar reference ---------------------------------------------------------------------
+
+
+def _gumbel_draws(batch: int, num_actions: int, seed: int, scale: float) -> torch.Tensor:
+    """The root Gumbel noise the batched search draws first from a generator seeded with `seed`."""
+    uniform = torch.rand(batch, num_actions, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+    return -torch.log(-torch.log(uniform.clamp_min(torch.finfo(torch.float64).tiny))) * scale
+
+
+def _scalar_node(logits: list[float], visits: list[int], q: list[float], raw_value: float):
+    """A hand-made expanded GumbelNode: children with these logits, visit counts and Q (reward q, discount 0)."""
+    from seed.agents.muzero.search.reference import GumbelNode, _softmax
+
+    node = GumbelNode(1.0, 0.0)
+    node.raw_value = raw_value
+    node.visit_count = 1 + sum(visits)
+    for action, (logit, p) in enumerate(zip(logits, _softmax(logits), strict=True)):
+        child = GumbelNode(p, logit)
+        child.visit_count, child.reward, child.discount = visits[action], q[action], 0.0
+        node.children[action] = child
+    return node
+
+
+def test_the_scalar_gumbel_reference_by_hand():
+    """Completed Q, sigma, the improved policy and the interior rule of the scalar reference on numbers worked by
+    hand. Node: 3 actions, uniform logits, visits (2, 1, 0), Q (1.0, 0.0, -), network value 0.3.
+      v_mix = (0.3 + 3 * (1/3 * 1.0 + 1/3 * 0.0) / (2/3)) / 4 = (0.3 + 1.5) / 4 = 0.45
+      completed = (1.0, 0.0, 0.45), rescaled over the range 1: (1, 0, 0.45)
+      sigma = (50 + 2) * 0.1 * (1, 0, 0.45) = (5.2, 0, 2.34)
+      improved = softmax(5.2, 0, 2.34) = (0.94092, 0.00519, 0.05389)
+      interior: improved - N / 4 = (0.44092, -0.24481, 0.05389) -> action 0.
+    Logits (0, 0, 2.5), visits (3, 1, 0), the same Q and value: v_mix = (0.3 + 4 * 0.5) / 5 = 0.46 (the visited
+    priors are equal), sigma = 5.3 * (1, 0, 0.46) = (5.3, 0, 2.438), improved = softmax(5.3, 0, 4.938) = (0.5878,
+    0.0029, 0.4093), whose argmax is action 0; improved - N / 5 = (-0.0122, -0.1971, 0.4093) picks action 2."""
+    from seed.agents.muzero.search.reference import (
+        completed_q_sigma_scalar,
+        improved_policy_scalar,
+        interior_action_scalar,
+    )
+
+    config = SearchConfig(algorithm="gumbel")
+    node = _scalar_node([0.0, 0.0, 0.0], [2, 1, 0], [1.0, 0.0, 0.0], 0.3)
+    assert completed_q_sigma_scalar(node, config) == pytest.approx([5.2, 0.0, 2.34])
+    exps = [math.exp(5.2), 1.0, math.exp(2.34)]
+    improved = improved_policy_scalar(node, config)
+    assert improved == pytest.approx([e / sum(exps) for e in exps])
+    assert improved == pytest.approx([0.94092, 0.00519, 0.05389], abs=1e-5)
+    assert interior_action_scalar(node, config) == 0
+    node = _scalar_node([0.0, 0.0, 2.5], [3, 1, 0], [1.0, 0.0, 0.0], 0.3)
+    assert completed_q_sigma_scalar(node, config) == pytest.approx([5.3, 0.0, 2.438])
+    assert improved_policy_scalar(node, config) == pytest.approx([0.5878, 0.0029, 0.4093], abs=1e-4)
+    assert interior_action_scalar(node, config) == 2
+    # Q values closer than MIN_Q_RANGE (0.01) are rescaled by the floor, not stretched to [0, 1].
+    node = _scalar_node([0.0, 0.0], [1, 1], [0.001, 0.0], 0.0)
+    assert completed_q_sigma_scalar(node, config) == pytest.approx([51 * 0.1 * 0.1, 0.0])
+
+
+@pytest.mark.parametrize("batch, num_actions, simulations, considered", [(3, 4, 12, 4), (5, 9, 40, 8), (4, 6, 25, 16),
+                                                                         (2, 18, 50, 16), (6, 3, 7, 2)])
+@pytest.mark.parametrize("with_invalid", [False, True])
+def test_gumbel_search_matches_the_scalar_reference(batch, num_actions, simulations, considered, with_invalid):
+    """The batched Gumbel search (search/gumbel.py) and the scalar reference give the same trees (every node's
+    children's visits), root values, actions and improved-policy targets on random roots and a hashed model, with
+    the same Gumbel draws."""
+    from seed.agents.muzero.search.reference import reference_gumbel_search
+
+    root = roots(batch, num_actions, seed=batch * 100 + num_actions)
+    invalid = random_invalid(batch, num_actions, seed=simulations) if with_invalid else None
+    model = hashed_model(num_actions)
+    config = SearchConfig(num_simulations=simulations, algorithm="gumbel", max_num_considered_actions=considered)
+    seed = batch + num_actions
+    out = search(root, model, config, invalid_actions=invalid, generator=torch.Generator().manual_seed(seed))
+    gumbel = _gumbel_draws(batch, num_actions, seed, config.gumbel_scale)
+    compared = 0
+    for b in range(batch):
+        visits, root_value, ref_root, action, improved = reference_gumbel_search(
+            root.prior_logits[b].tolist(), float(root.value[b]), root.embedding[b:b + 1], model, config,
+            gumbel[b].tolist(), None if invalid is None else invalid[b].tolist())
+        assert out.visit_counts[b].tolist() == [float(v) for v in visits], b
+        assert out.root_value[b].item() == pytest.approx(root_value, rel=1e-12, abs=1e-12)
+        compared += assert_same_tree(out, b, 0, ref_root)
+        assert out.action[b].item() == action, b
+        torch.testing.assert_close(out.action_weights[b], torch.tensor(improved, dtype=torch.float64), rtol=1e-9,
+                                   atol=1e-12)
+    assert compared == batch * (simulations + 1)
+    assert out.tree.depth.amax() >= 2  # the interior rule was used
+
+
+def test_the_gumbel_reference_comparison_is_discriminative():
+    """The interior rule decides these trees: a reference without the visit-fraction term (argmax of the improved
+    policy alone) builds other trees."""
+    import seed.agents.muzero.search.reference as reference
+
+    root = roots(5, 9, seed=509)
+    config = SearchConfig(num_simulations=40, algorithm="gumbel", max_num_considered_actions=8)
+    out = search(root, hashed_model(9), config, generator=torch.Generator().manual_seed(14))
+    gumbel = _gumbel_draws(5, 9, 14, 1.0)
+    original = reference.interior_action_scalar
+
+    def improved_argmax_only(node, config):
+        improved = reference.improved_policy_scalar(node, config)
+        return improved.index(max(improved))
+
+    reference.interior_action_scalar = improved_argmax_only
+    try:
+        wrong = [reference.reference_gumbel_search(root.prior_logits[b].tolist(), float(root.value[b]),
+                                                   root.embedding[b:b + 1], hashed_model(9), config,
+                                                   gumbel[b].tolist())[2] for b in range(5)]
+    finally:
+        reference.interior_action_scalar = original
+    differing = 0
+    for b in range(5):
+        try:
+            assert_same_tree(out, b, 0, wrong[b])
+        except AssertionError:
+            differing += 1
+    assert differing >= 3, differing

@@ -139,3 +139,140 @@ def reference_batch(prior_logits: torch.Tensor, value: torch.Tensor, embedding: 
         visits.append(v)
         values.append(root_value)
     return visits, values
+
+
+# --- Gumbel MuZero ------------------------------------------------------------------------------------------------
+# The same conventions as the batched search (search/gumbel.py), one node at a time, written from the Gumbel MuZero
+# paper (Danihelka et al. 2022, eqs. 8, 14 and 33) and mctx's qtransform_completed_by_mix_value:
+#   - completed Q(a) = Q(a) for a visited child, else v_mix = (v + sum_b N(b) * sum_{visited} pi(b) Q(b) /
+#     sum_{visited} pi(b)) / (1 + sum_b N(b)) (v: the node's network value; pi: its prior, floored at the float64
+#     tiny), over all A actions (a root's invalid ones too, as mctx);
+#   - sigma(a) = (maxvisit_init + max_b N(b)) * value_scale * (completed Q(a) - min) / max(max - min, MIN_Q_RANGE);
+#   - improved policy = softmax(logits + sigma), invalid root actions at 0;
+#   - root: sequential halving, argmax of max(g + logits + sigma, LOW_LOGIT) over the valid actions with the
+#     schedule's visit count; inside: argmax improved(a) - N(a) / (1 + sum_b N(b)); ties to the lowest index;
+#   - after the search: the same root score over the most visited valid actions picks the action.
+
+
+class GumbelNode(Node):
+    def __init__(self, prior: float, logit: float):
+        super().__init__(prior)
+        self.logit = logit
+        self.raw_value = 0.0
+        self.children: dict[int, GumbelNode] = {}
+
+    def q(self, action: int) -> float | None:
+        """reward + discount * V(child) of a visited child, None for an unvisited one."""
+        child = self.children.get(action)
+        if child is None or child.visit_count == 0:
+            return None
+        return child.reward + child.discount * child.value()
+
+
+def _gumbel_expand(node: GumbelNode, logits: list[float], invalid: list[bool]) -> None:
+    valid = [a for a in range(len(logits)) if not invalid[a]]
+    prior = dict(zip(valid, _softmax([logits[a] for a in valid]), strict=True))
+    for action, logit in enumerate(logits):
+        node.children[action] = GumbelNode(prior.get(action, 0.0), logit)
+
+
+def completed_q_sigma_scalar(node: GumbelNode, config: SearchConfig) -> list[float]:
+    """sigma(completed Q) of every action of an expanded node (see above)."""
+    from seed.agents.muzero.search.gumbel import MIN_Q_RANGE, TINY
+
+    actions = sorted(node.children)
+    visits = [node.children[a].visit_count for a in actions]
+    q = [node.q(a) for a in actions]
+    prior = [max(node.children[a].prior, TINY[1]) for a in actions]
+    visited_prior = sum(p for p, value in zip(prior, q, strict=True) if value is not None)
+    weighted_q = (sum(p * value for p, value in zip(prior, q, strict=True) if value is not None) / visited_prior
+                  if visited_prior > 0 else 0.0)
+    sum_visits = sum(visits)
+    mixed = (node.raw_value + sum_visits * weighted_q) / (1 + sum_visits)
+    completed = [mixed if value is None else value for value in q]
+    low, high = min(completed), max(completed)
+    scale = (config.maxvisit_init + max(visits)) * config.value_scale
+    return [scale * (value - low) / max(high - low, MIN_Q_RANGE) for value in completed]
+
+
+def improved_policy_scalar(node: GumbelNode, config: SearchConfig, invalid: list[bool] | None = None) -> list[float]:
+    """softmax(logits + sigma(completed Q)) over the node's valid actions, 0 on invalid ones."""
+    sigma = completed_q_sigma_scalar(node, config)
+    actions = sorted(node.children)
+    valid = [a for a in actions if not (invalid and invalid[a])]
+    policy = dict(zip(valid, _softmax([node.children[a].logit + sigma[a] for a in valid]), strict=True))
+    return [policy.get(a, 0.0) for a in actions]
+
+
+def interior_action_scalar(node: GumbelNode, config: SearchConfig) -> int:
+    """argmax_a improved(a) - N(a) / (1 + sum_b N(b)), the lowest index among ties (the paper's eq. 14)."""
+    improved = improved_policy_scalar(node, config)
+    total = 1 + sum(child.visit_count for child in node.children.values())
+    scores = [improved[a] - node.children[a].visit_count / total for a in sorted(node.children)]
+    return scores.index(max(scores))
+
+
+def _root_score(node: GumbelNode, gumbel: list[float], sigma: list[float], action: int) -> float:
+    from seed.agents.muzero.search.gumbel import LOW_LOGIT
+
+    return max(gumbel[action] + node.children[action].logit + sigma[action], LOW_LOGIT)
+
+
+def root_action_scalar(node: GumbelNode, config: SearchConfig, gumbel: list[float], invalid: list[bool],
+                       visits_needed: int | None) -> int:
+    """Sequential halving's pick among the valid root actions with `visits_needed` visits (None: the most
+    visited ones, after the search): argmax max(g + logits + sigma, LOW_LOGIT), the lowest index among ties."""
+    sigma = completed_q_sigma_scalar(node, config)
+    valid = [a for a in sorted(node.children) if not invalid[a]]
+    if visits_needed is None:
+        visits_needed = max(node.children[a].visit_count for a in valid)
+    best_action, best_score = -1, -math.inf
+    for action in valid:
+        score = _root_score(node, gumbel, sigma, action)
+        if node.children[action].visit_count == visits_needed and score > best_score:
+            best_action, best_score = action, score
+    return best_action
+
+
+def reference_gumbel_search(prior_logits: list[float], value: float, embedding: Any, recurrent_fn: RecurrentFn,
+                            config: SearchConfig, gumbel: list[float], invalid: list[bool] | None = None
+                            ) -> tuple[list[int], float, GumbelNode, int, list[float]]:
+    """Gumbel MuZero search of one tree. gumbel [A]: the root's Gumbel draws, already times gumbel_scale;
+    embedding: the root's pytree with a batch dimension of 1. Returns (root children's visit counts [A], root
+    value, root, the action played, the improved policy [A])."""
+    from seed.agents.muzero.search.gumbel import considered_visits_sequence
+
+    num_actions = len(prior_logits)
+    invalid = list(invalid) if invalid else [False] * num_actions
+    top = max(x for x, bad in zip(prior_logits, invalid, strict=True) if not bad)
+    logits = [x - top for x in prior_logits]  # the batched search keeps the root's logits less their maximum
+    root = GumbelNode(1.0, 0.0)
+    root.embedding = embedding
+    _gumbel_expand(root, logits, invalid)
+    root.visit_count, root.value_sum, root.raw_value = 1, value, value
+    considered = min(config.max_num_considered_actions, num_actions - sum(invalid))
+    schedule = considered_visits_sequence(considered, config.num_simulations)
+    for k in range(config.num_simulations):
+        node, search_path = root, [root]
+        action = root_action_scalar(root, config, gumbel, invalid, schedule[k])
+        while node.children[action].visit_count > 0:
+            node = node.children[action]
+            search_path.append(node)
+            action = interior_action_scalar(node, config)
+        parent, node = node, node.children[action]
+        search_path.append(node)
+        out = recurrent_fn(parent.embedding, torch.tensor([action]))
+        node.embedding = out.embedding
+        node.reward = float(out.reward[0])
+        node.discount = float(out.discount[0])
+        node.raw_value = float(out.value[0])
+        _gumbel_expand(node, [float(x) for x in out.prior_logits[0]], [False] * num_actions)
+        value_up = node.raw_value
+        for depth in range(len(search_path) - 1, -1, -1):
+            path_node = search_path[depth]
+            path_node.value_sum += value_up
+            path_node.visit_count += 1
+            value_up = path_node.reward + path_node.discount * value_up
+    visits = [root.children[a].visit_count for a in range(num_actions)]
+    action = root_action_scalar(root, config, gumbel, invalid, None)
+    return visits, root.value(), root, action, improved_policy_scalar(root, config, invalid)
