@@ -147,9 +147,10 @@ def open_sinks(settings: SinkSettings, names: list[str] | None = None) -> list[M
 
 
 def warn_dropped(name: str, stage: str, error: BaseException) -> None:
-    """The one warning a failing sink gets (on stderr): which sink, where it failed and why."""
+    """The one warning a failing sink gets, one line on stderr: which sink, where it failed and why."""
+    reason = " ".join(str(error).split())  # wandb's messages span several lines
     print(f"[metrics] warning: metrics sink {name!r} failed in {stage} and is dropped "
-          f"({type(error).__name__}: {error}); the run goes on without it", file=sys.stderr, flush=True)
+          f"({type(error).__name__}: {reason}); the run goes on without it", file=sys.stderr, flush=True)
 
 
 def progress_line(row: dict[str, Any], show_raw_return: bool = False) -> str:

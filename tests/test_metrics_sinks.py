@@ -86,7 +86,7 @@ class Broken(Recording):
     def write(self, row, step):
         super().write(row, step)
         if len([c for c in self.calls if c[0] == "write"]) == 2:
-            raise RuntimeError("upload refused")
+            raise RuntimeError("upload\n  refused")  # one warning line, even for a message of several
 
 
 def test_a_sink_that_raises_is_dropped_with_one_warning_and_the_others_go_on(capsys):
