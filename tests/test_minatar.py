@@ -252,7 +252,8 @@ AGENT_ARGS = {
     "r2d2": ["--batch_size=2", "--unroll_length=8", "--burn_in=2", "--replay_min_size=2", "--lstm_size=32"],
     "ppo": ["--sync_every=8", "--ppo_minibatches=2"],
     "muzero": ["--batch_size=2", "--replay_min_size=2", "--num_simulations=4", "--latent_channels=8",
-               "--lstm_size=16", "--search=gumbel"],
+               "--lstm_size=16", "--search=gumbel", "--unroll_steps=2", "--td_steps=2", "--burn_in=3",
+               "--unroll_length=4"],
 }
 
 
