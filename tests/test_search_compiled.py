@@ -18,9 +18,9 @@ from seed.agents.muzero.search import RootInput, SearchConfig, search
 from seed.agents.muzero.search.compiled_gumbel import completed_q_sigma, gumbel_params, interior_action, root_action
 from seed.agents.muzero.search.compiled_puct import puct_action, visit_terms
 from seed.agents.muzero.search.compiled_tree import backup_leaves, expand_leaves
-from seed.agents.muzero.search.gumbel import LOW_LOGIT, refresh_choices
+from seed.agents.muzero.search.gumbel import LOW_LOGIT, MIN_Q_RANGE, refresh_choices
 from seed.agents.muzero.search.puct import backup, refresh
-from seed.agents.muzero.search.reference import MinMaxStats, Node, select_child
+from seed.agents.muzero.search.reference import MinMaxStats, Node, reference_gumbel_search, select_child
 from seed.agents.muzero.search.tree import (
     DEPTH,
     DISCOUNT,
@@ -35,7 +35,15 @@ from seed.agents.muzero.search.tree import (
     Q,
     new_tree,
 )
-from tests.test_search import MODULUS, assert_same_tree, hashed_model, random_invalid, roots, run_reference
+from tests.test_search import (
+    MODULUS,
+    _gumbel_draws,
+    assert_same_tree,
+    hashed_model,
+    random_invalid,
+    roots,
+    run_reference,
+)
 
 
 @pytest.fixture(autouse=True)
@@ -84,6 +92,7 @@ def assert_same_search(numba_out, numpy_out) -> None:
     assert torch.equal(a.children_values, b.children_values)
     assert torch.equal(a.children_visits, b.children_visits)
     assert torch.equal(a.depth, b.depth) and torch.equal(a.parent, b.parent)
+    assert torch.equal(a.action_from_parent, b.action_from_parent)
     assert torch.equal(a.min_q, b.min_q) and torch.equal(a.max_q, b.max_q)
     torch.testing.assert_close(a.prior, b.prior, rtol=0, atol=1e-12)
     assert torch.equal(numba_out.action, numpy_out.action)
@@ -91,13 +100,16 @@ def assert_same_search(numba_out, numpy_out) -> None:
     torch.testing.assert_close(numba_out.root_value, numpy_out.root_value, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
 @pytest.mark.parametrize("batch, num_actions, simulations", [(1, 2, 6), (3, 4, 12), (4, 18, 40), (5, 6, 25)])
 @pytest.mark.parametrize("with_invalid", [False, True])
-def test_compiled_visit_counts_match_the_scalar_reference(batch, num_actions, simulations, with_invalid):
+def test_puct_visit_counts_match_the_scalar_reference(backend, batch, num_actions, simulations, with_invalid):
+    """Both backends against reference.reference_search, every node of every tree (tests/test_search.py runs the
+    default backend, the compiled one on the CPU)."""
     root = roots(batch, num_actions, seed=batch * 100 + num_actions)
     invalid = random_invalid(batch, num_actions, seed=simulations) if with_invalid else None
     model = hashed_model(num_actions)
-    config = SearchConfig(num_simulations=simulations, dirichlet_fraction=0.0, backend="numba")
+    config = SearchConfig(num_simulations=simulations, dirichlet_fraction=0.0, backend=backend)
     out = search(root, model, config, temperature=0.0, invalid_actions=invalid)
     compared = 0
     for b, (visits, root_value, ref_root) in enumerate(run_reference(root, model, config, invalid)):
@@ -105,6 +117,37 @@ def test_compiled_visit_counts_match_the_scalar_reference(batch, num_actions, si
         assert out.root_value[b].item() == pytest.approx(root_value, rel=1e-12, abs=1e-12)
         compared += assert_same_tree(out, b, 0, ref_root)
     assert compared == batch * (simulations + 1)
+
+
+@pytest.mark.parametrize("backend", ["numba", "numpy"])
+@pytest.mark.parametrize("batch, num_actions, simulations, considered", [(3, 4, 12, 4), (2, 18, 40, 16),
+                                                                         (4, 6, 25, 16), (6, 3, 7, 2)])
+@pytest.mark.parametrize("with_invalid", [False, True])
+def test_gumbel_visit_counts_match_the_scalar_reference(backend, batch, num_actions, simulations, considered,
+                                                        with_invalid):
+    """Both backends against reference.reference_gumbel_search with the same Gumbel draws: every node's visits,
+    the root values, the actions and the improved-policy targets."""
+    root = roots(batch, num_actions, seed=batch * 100 + num_actions)
+    invalid = random_invalid(batch, num_actions, seed=simulations) if with_invalid else None
+    model = hashed_model(num_actions)
+    config = SearchConfig(num_simulations=simulations, algorithm="gumbel", max_num_considered_actions=considered,
+                          backend=backend)
+    seed = batch + num_actions
+    out = search(root, model, config, invalid_actions=invalid, generator=torch.Generator().manual_seed(seed))
+    gumbel = _gumbel_draws(batch, num_actions, seed, config.gumbel_scale)
+    compared = 0
+    for b in range(batch):
+        visits, root_value, ref_root, action, improved = reference_gumbel_search(
+            root.prior_logits[b].tolist(), float(root.value[b]), root.embedding[b:b + 1], model, config,
+            gumbel[b].tolist(), None if invalid is None else invalid[b].tolist())
+        assert out.visit_counts[b].tolist() == [float(v) for v in visits], b
+        assert out.root_value[b].item() == pytest.approx(root_value, rel=1e-12, abs=1e-12)
+        compared += assert_same_tree(out, b, 0, ref_root)
+        assert out.action[b].item() == action, b
+        torch.testing.assert_close(out.action_weights[b], torch.tensor(improved, dtype=torch.float64), rtol=1e-9,
+                                   atol=1e-12)
+    assert compared == batch * (simulations + 1)
+    assert out.tree.depth.amax() >= 2  # the interior rule was used
 
 
 @pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
@@ -147,6 +190,28 @@ def test_compiled_search_gives_the_numpy_visit_counts_in_float32():
         numpy_out = search_with("numpy", root, model, config, None, seed=3)
         assert torch.equal(numba_out.visit_counts, numpy_out.visit_counts)
         assert torch.equal(numba_out.tree.children_index, numpy_out.tree.children_index)
+
+
+def test_compiled_search_stores_pytree_embeddings_as_numpy_does():
+    """A dict embedding whose recurrent outputs list their keys in another order than the root's: every node's
+    embedding lands in its own leaf, as in the numpy search."""
+    model = hashed_model(5)
+
+    def recurrent_fn(embedding, actions):
+        out = model(embedding["hash"], actions)
+        return type(out)(out.reward, out.discount, out.prior_logits, out.value,
+                         {"scaled": out.embedding.to(torch.float64).repeat(1, 2) / MODULUS, "hash": out.embedding})
+
+    plain = roots(4, 5, seed=9)
+    root = RootInput(plain.prior_logits, plain.value,
+                     {"hash": plain.embedding, "scaled": torch.zeros(4, 2, dtype=torch.float64)})
+    config = SearchConfig(num_simulations=12, dirichlet_fraction=0.0)
+    numba_out = search_with("numba", root, recurrent_fn, config, None)
+    numpy_out = search_with("numpy", root, recurrent_fn, config, None)
+    assert_same_search(numba_out, numpy_out)
+    for key in ("hash", "scaled"):
+        assert torch.equal(numba_out.tree.embeddings[key], numpy_out.tree.embeddings[key])
+    assert (numba_out.tree.embeddings["scaled"][:, 1:] > 0).all()
 
 
 # --- the small functions, one node at a time, on random trees --------------------------------------------------
@@ -266,7 +331,7 @@ def test_puct_action_gives_the_scalar_and_numpy_choices(seed):
             low, high = t.min_q[b], t.max_q[b]
             low, span = (low, high - low) if high > low else (np.inf, 1.0)
             is_root = row == t.base[b]
-            action = puct_action(t.edge, row, int(t.node[row, VISITS]), low, span, invalid[b], is_root, terms, scores)
+            action = puct_action(t.edge, row, int(t.node[row, VISITS]), low, span, invalid, b, is_root, terms, scores)
             assert action == t.choice[row], f"row {row}: compiled {action}, numpy {t.choice[row]}"
             stats = MinMaxStats()
             stats.minimum, stats.maximum = float(t.min_q[b]), float(t.max_q[b])
@@ -292,7 +357,7 @@ def test_gumbel_actions_give_the_numpy_choices(seed):
     gumbel_logits = rng.integers(-1, 2, (b, a)).astype(np.float64)  # ties
     invalid = np.zeros((b, a), bool)
     invalid[:, 0] = seed % 2 == 1
-    params = gumbel_params(config.maxvisit_init, config.value_scale, 1e-8, LOW_LOGIT, t.node.dtype)
+    params = gumbel_params(config.maxvisit_init, config.value_scale, MIN_Q_RANGE, LOW_LOGIT, t.node.dtype)
     sigma = np.empty(a)
     for considered in (0.0, 1.0, 2.0):
         considered_visit = np.full(b, considered)
@@ -301,8 +366,7 @@ def test_gumbel_actions_give_the_numpy_choices(seed):
             tree_index = t.row_tree[row]
             completed_q_sigma(t.edge, row, t.node[row, VISITS], t.node[row, RAW_VALUE], params, sigma)
             if row == t.base[tree_index]:
-                action = root_action(t.edge, row, sigma, gumbel_logits[tree_index], considered,
-                                     invalid[tree_index], params)
+                action = root_action(t.edge, row, sigma, gumbel_logits, considered, invalid, tree_index, params)
             else:
                 action = interior_action(t.edge, row, t.node[row, VISITS], sigma)
             assert action == t.choice[row], f"row {row}, considered {considered}: compiled {action}, numpy " \

@@ -38,6 +38,7 @@ discount (0 after a terminal); pUCT's Q is min-max normalised per tree over the 
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -66,6 +67,10 @@ from seed.agents.muzero.search.types import RecurrentFn, RecurrentOutput, RootIn
 __all__ = ["RecurrentFn", "RecurrentOutput", "RootInput", "SearchConfig", "SearchOutput", "Tree", "search",
            "dirichlet_noise", "sample_action", "DepthBound"]
 
+
+# The sequential-halving schedules of every number of considered actions: pure Python, the same for every search of
+# a configuration (about 2 ms of a 10 ms Gumbel search of 64 trees at 50 simulations).
+_considered_visits_table = functools.lru_cache(maxsize=16)(considered_visits_table)
 
 # Run the CPU search's numpy / torch loop (backend "numpy") on numpy views of the tree (False: on the tensors, as on
 # every other device; the tests use it to check that code path without a GPU).
@@ -199,10 +204,12 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
         uniform = torch.rand(b, a, dtype=dtype, device=device, generator=generator)
         gumbel_noise = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(dtype).tiny))) * config.gumbel_scale
         gumbel_logits = gumbel_noise + (logits - logits.amax(-1, keepdim=True))  # [B, A]
-        table = torch.tensor(considered_visits_table(config.max_num_considered_actions, simulations), device=device)
+        table = torch.tensor(_considered_visits_table(config.max_num_considered_actions, simulations), device=device)
         considered = (a - invalid.sum(-1)).clamp_max(config.max_num_considered_actions)
         considered_visits = table.index_select(0, considered).to(dtype).T.contiguous()  # [simulations, B]
+    finish = finished_tree
     if compiled:
+        from seed.agents.muzero.search.compiled import finished_tree as finish
         from seed.agents.muzero.search.compiled import run_simulations
 
         run_simulations(tree, recurrent_fn, config, (gumbel_logits.numpy(), considered_visits.numpy()) if gumbel
@@ -219,7 +226,7 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
         action = sample_action(visit_counts, temperature, generator)
         action_weights = visit_counts / visit_counts.sum(-1, keepdim=True)
     return SearchOutput(action=action, action_weights=action_weights, root_value=root_value,
-                        visit_counts=visit_counts, tree=finished_tree(tree))
+                        visit_counts=visit_counts, tree=finish(tree))
 
 
 def _compiled(config: SearchConfig, device: torch.device) -> bool:

@@ -20,14 +20,16 @@ from torch import Tensor
 
 from seed.agents.muzero.search.compiled_gumbel import gumbel_params, gumbel_step
 from seed.agents.muzero.search.compiled_puct import puct_step, visit_terms
+from seed.agents.muzero.search.compiled_tree import tree_indices
 from seed.agents.muzero.search.tree import Tree, tree_map, tree_map2
 from seed.agents.muzero.search.types import RecurrentFn, SearchConfig
 
 
 def _host(x: Tensor, dtype: torch.dtype) -> np.ndarray:
-    """A recurrent output in the tree's dtype as a C-contiguous numpy array (one compiled version per layout)."""
-    x = x if x.dtype == dtype else x.to(dtype)
-    return np.ascontiguousarray(x.numpy())
+    """A recurrent output in the tree's dtype as a numpy array, not copied: Numba compiles a version of the step
+    for each combination of contiguous and strided outputs it meets (a copy per output and simulation would cost
+    more than the step's arithmetic)."""
+    return (x if x.dtype == dtype else x.to(dtype)).numpy()
 
 
 def run_simulations(tree: Tree, recurrent_fn: RecurrentFn, config: SearchConfig,
@@ -45,30 +47,50 @@ def run_simulations(tree: Tree, recurrent_fn: RecurrentFn, config: SearchConfig,
     leaf_actions = np.empty((simulations, b), np.int64)
     parents_tensor, actions_tensor = torch.from_numpy(leaf_parents), torch.from_numpy(leaf_actions)
     invalid = tree.root_invalid.numpy()
+    storage = (t.node, t.node_index, t.edge, t.child_row, n, t.min_q, t.max_q)
     if gumbel_root is None:
+        step = puct_step
         terms = visit_terms(config.pb_c_base, config.pb_c_init, simulations, t.node.dtype)
-
-        def step(k: int, reward: np.ndarray, discount: np.ndarray, value: np.ndarray, logits: np.ndarray) -> None:
-            puct_step(t.node, t.node_index, t.edge, t.child_row, n, t.min_q, t.max_q, invalid, terms, leaf_parents,
-                      leaf_actions, k, reward, discount, value, logits)
+        static = (*storage, invalid, terms, leaf_parents, leaf_actions)
     else:
-        from seed.agents.muzero.search.gumbel import LOW_LOGIT
+        from seed.agents.muzero.search.gumbel import LOW_LOGIT, MIN_Q_RANGE
 
+        step = gumbel_step
         gumbel_logits, considered_visits = gumbel_root
-        # 1e-8: the floor of gumbel.completed_q_sigma's rescaling span
-        params = gumbel_params(config.maxvisit_init, config.value_scale, 1e-8, LOW_LOGIT, t.node.dtype)
-
-        def step(k: int, reward: np.ndarray, discount: np.ndarray, value: np.ndarray, logits: np.ndarray) -> None:
-            gumbel_step(t.node, t.node_index, t.edge, t.child_row, n, t.min_q, t.max_q, gumbel_logits,
-                        considered_visits, invalid, params, leaf_parents, leaf_actions, k, reward, discount, value,
-                        logits)
-
+        params = gumbel_params(config.maxvisit_init, config.value_scale, MIN_Q_RANGE, LOW_LOGIT, t.node.dtype)
+        static = (*storage, gumbel_logits, considered_visits, invalid, params, leaf_parents, leaf_actions)
+    # Views made once (a torch index costs microseconds): each simulation's parents and actions, and the embedding
+    # store of each new node ([B, ...] per leaf of the embedding pytree).
+    parent_rows, actions = parents_tensor.unbind(0), actions_tensor.unbind(0)
+    stores: list[tuple[Tensor, ...]] = []
+    tree_map(lambda view: stores.append(view.unbind(1)), tree.embeddings)
+    single = isinstance(tree.flat_embeddings, Tensor)  # one embedding tensor: no tree_map
     no_leaf = np.zeros(b, t.node.dtype)
-    step(0, no_leaf, no_leaf, no_leaf, np.zeros((b, a), t.node.dtype))
+    step(*static, 0, no_leaf, no_leaf, no_leaf, np.zeros((b, a), t.node.dtype))
     for k in range(simulations):
-        rows = parents_tensor[k]
-        out = recurrent_fn(tree_map(lambda x, rows=rows: x.index_select(0, rows), tree.flat_embeddings),
-                           actions_tensor[k])
-        tree_map2(lambda store, x, k=k: store[:, k + 1].copy_(x), tree.embeddings, out.embedding)
-        step(k + 1, _host(out.reward, dtype), _host(out.discount, dtype), _host(out.value, dtype),
+        rows = parent_rows[k]
+        if single:
+            parents = tree.flat_embeddings.index_select(0, rows)
+        else:
+            parents = tree_map(lambda x, rows=rows: x.index_select(0, rows), tree.flat_embeddings)
+        out = recurrent_fn(parents, actions[k])
+        if single:
+            stores[0][k + 1].copy_(out.embedding)
+        else:
+            new_embeddings: list[Tensor] = []  # in the order of tree.embeddings' leaves (dicts by its keys)
+            tree_map2(lambda view, x, into=new_embeddings: into.append(x), tree.embeddings, out.embedding)
+            for store, x in zip(stores, new_embeddings, strict=True):
+                store[k + 1].copy_(x)
+        step(*static, k + 1, _host(out.reward, dtype), _host(out.discount, dtype), _host(out.value, dtype),
              _host(out.prior_logits, dtype))
+
+
+def finished_tree(tree: Tree) -> Tree:
+    """tree.finished_tree, compiled: the tree with its per-tree index fields (children_index, parent,
+    action_from_parent)."""
+    b, n, a = tree.num_trees, tree.num_nodes, tree.num_actions
+    children_index = torch.empty((b, n, a), dtype=torch.int64)
+    parent, action = torch.empty((b, n), dtype=torch.int64), torch.empty((b, n), dtype=torch.int64)
+    t = tree.arrays
+    tree_indices(t.node, t.node_index, t.child_row, n, children_index.numpy(), parent.numpy(), action.numpy())
+    return Tree(**{**tree.__dict__, "children_index": children_index, "parent": parent, "action_from_parent": action})

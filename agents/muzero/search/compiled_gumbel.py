@@ -11,7 +11,8 @@ The formulas are gumbel.py's, per node and in the tree's dtype (see gumbel.py fo
     inside         argmax softmax(logits + sigma)(a) - N(a) / N(s)                    N(s) = 1 + sum_b N(b)
 
 Ties go to the lowest action index. As in compiled_puct.py, each node's choice is computed as the descent reaches
-it (the numpy search caches it and refreshes it after each backup: the same choices).
+it (the numpy search caches it and refreshes it after each backup: the same choices). The selections are inlined
+into the descent (a call per node costs about as much as a root's pick).
 
 Arrays as in compiled_tree.py. params [5] in the tree's dtype: gumbel_params' (maxvisit_init, value_scale, the
 prior's floor, the rescaling span's floor, LOW_LOGIT).
@@ -36,7 +37,7 @@ def gumbel_params(maxvisit_init: float, value_scale: float, span_floor: float, l
     return np.array([maxvisit_init, value_scale, np.finfo(dtype).tiny, span_floor, low_logit], dtype)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def completed_q_sigma(edge: np.ndarray, row: int, node_visits: float, raw_value: float, params: np.ndarray,
                       sigma: np.ndarray) -> None:
     """sigma(completed Q) of node `row` into sigma [A]. node_visits: N(s) (its own expansion counts as one);
@@ -66,23 +67,23 @@ def completed_q_sigma(edge: np.ndarray, row: int, node_visits: float, raw_value:
         sigma[a] = scale * ((sigma[a] - low) / span)
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def root_action(edge: np.ndarray, row: int, sigma: np.ndarray, gumbel_logits: np.ndarray, considered_visit: float,
-                invalid: np.ndarray, params: np.ndarray) -> int:
-    """Sequential halving's pick at root `row`: argmax of max(g + logits + sigma, LOW_LOGIT) over the valid actions
-    whose visits equal considered_visit (0 when there is none). sigma [A] (completed_q_sigma's); gumbel_logits [A]:
-    g + logits - max(logits); invalid [A] bool."""
+                root_invalid: np.ndarray, tree: int, params: np.ndarray) -> int:
+    """Sequential halving's pick at root `row` of tree `tree`: argmax of max(g + logits + sigma, LOW_LOGIT) over
+    the valid actions whose visits equal considered_visit (0 when there is none). sigma [A] (completed_q_sigma's);
+    gumbel_logits [B, A]: g + logits - max(logits); root_invalid [B, A] bool."""
     best, top = 0, edge.dtype.type(-np.inf)
     for a in range(edge.shape[2]):
-        if edge[row, EDGE_VISITS, a] != considered_visit or invalid[a]:
+        if edge[row, EDGE_VISITS, a] != considered_visit or root_invalid[tree, a]:
             continue
-        score = max(gumbel_logits[a] + sigma[a], params[LOW_LOGIT])
+        score = max(gumbel_logits[tree, a] + sigma[a], params[LOW_LOGIT])
         if score > top:
             best, top = a, score
     return best
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def interior_action(edge: np.ndarray, row: int, node_visits: float, sigma: np.ndarray) -> int:
     """The deterministic pick inside the tree: argmax softmax(logits + sigma)(a) - N(a) / N(s). sigma [A]
     (completed_q_sigma's; overwritten)."""
@@ -114,7 +115,7 @@ def gumbel_descend(node: np.ndarray, edge: np.ndarray, child_row: np.ndarray, nu
     for b in range(parent_rows.shape[0]):
         row = b * num_nodes
         completed_q_sigma(edge, row, node[row, VISITS], node[row, RAW_VALUE], params, sigma)
-        action = root_action(edge, row, sigma, gumbel_logits[b], considered_visit[b], root_invalid[b], params)
+        action = root_action(edge, row, sigma, gumbel_logits, considered_visit[b], root_invalid, b, params)
         child = child_row[row, action]
         while child != row:
             row = child

@@ -31,13 +31,14 @@ def visit_terms(pb_c_base: float, pb_c_init: float, num_simulations: int, dtype:
     return np.stack((np.log((visits + (pb_c_base + 1.0)) / pb_c_base) + pb_c_init, np.sqrt(visits)))
 
 
-@njit(cache=True, error_model="numpy")
-def puct_action(edge: np.ndarray, row: int, visits: int, low: float, span: float, invalid: np.ndarray,
-                is_root: bool, terms: np.ndarray, scores: np.ndarray) -> int:
+@njit(cache=True, error_model="numpy", inline="always")
+def puct_action(edge: np.ndarray, row: int, visits: int, low: float, span: float, root_invalid: np.ndarray,
+                tree: int, is_root: bool, terms: np.ndarray, scores: np.ndarray) -> int:
     """argmax_a score(row, a), the lowest index among ties. visits: N(row); low, span: the tree's normaliser
     (min_q and max_q - min_q when it has a range, else +inf and 1: every Qn is then 0, as for an unvisited child,
-    whose Q is -inf); invalid [A] bool: the tree's invalid root actions (read when is_root); terms: visit_terms;
-    scores [A]: scratch."""
+    whose Q is -inf); root_invalid [B, A] bool: row `tree` holds the tree's invalid root actions (read when
+    is_root); terms: visit_terms; scores [A]: scratch. Inlined where it is called (a call per node costs about as
+    much as its arithmetic)."""
     zero = edge.dtype.type(0)
     one = edge.dtype.type(1)
     pb_c, sqrt_visits = terms[0, visits], terms[1, visits]
@@ -47,7 +48,7 @@ def puct_action(edge: np.ndarray, row: int, visits: int, low: float, span: float
         scores[a] = max((edge[row, Q, a] - low) / span, zero) + prior_score
     if is_root:
         for a in range(num_actions):
-            if invalid[a]:
+            if root_invalid[tree, a]:
                 scores[a] = -np.inf
     return first_argmax(scores)
 
@@ -64,11 +65,11 @@ def puct_descend(node: np.ndarray, edge: np.ndarray, child_row: np.ndarray, num_
     for b in range(min_q.shape[0]):
         low, span = (min_q[b], max_q[b] - min_q[b]) if max_q[b] > min_q[b] else no_range
         row = b * num_nodes
-        action = puct_action(edge, row, int(node[row, VISITS]), low, span, root_invalid[b], True, terms, scores)
+        action = puct_action(edge, row, int(node[row, VISITS]), low, span, root_invalid, b, True, terms, scores)
         child = child_row[row, action]
         while child != row:
             row = child
-            action = puct_action(edge, row, int(node[row, VISITS]), low, span, root_invalid[b], False, terms,
+            action = puct_action(edge, row, int(node[row, VISITS]), low, span, root_invalid, b, False, terms,
                                  scores)
             child = child_row[row, action]
         parent_rows[b] = row

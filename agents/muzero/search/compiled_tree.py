@@ -43,7 +43,7 @@ from seed.agents.muzero.search.tree import (
 )
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", inline="always")
 def first_argmax(scores: np.ndarray) -> int:
     """The index of the largest of scores [A], the lowest among ties (numpy's argmax; 0 when all are -inf)."""
     best = 0
@@ -121,3 +121,21 @@ def backup_leaves(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, nu
                 max_q[b] = max(max_q[b], q)
             g = discount * g + reward
             row = parent
+
+
+@njit(cache=True, error_model="numpy")
+def tree_indices(node: np.ndarray, node_index: np.ndarray, child_row: np.ndarray, num_nodes: int,
+                 children_index: np.ndarray, parent: np.ndarray, action: np.ndarray) -> None:
+    """tree.finished_tree's index fields, written into children_index [B, N, A] (the child's node index, -1 while
+    unexpanded), parent and action [B, N] (the parent's node index and the action from it; -1 for the roots and
+    the unused nodes), all int64."""
+    for b in range(parent.shape[0]):
+        base = b * num_nodes
+        for n in range(num_nodes):
+            row = base + n
+            for a in range(child_row.shape[1]):
+                child = child_row[row, a]
+                children_index[b, n, a] = -1 if child == row else child - base
+            expanded = n > 0 and node[row, VISITS] > 0
+            parent[b, n] = node_index[row, PARENT_ROW] - base if expanded else -1
+            action[b, n] = node_index[row, ACTION] if expanded else -1
