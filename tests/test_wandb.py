@@ -103,6 +103,7 @@ def offline_runs(wandb_dir: str, job_types: set[str]) -> dict[str, OfflineRun]:
 
 
 def test_learner_and_seed_eval_log_to_an_offline_run(wandb, processes, tmp_path):
+    pytest.importorskip("imageio", reason="the video extra (pip install 'seed-rl-torch[video]') is not installed")
     logdir = str(tmp_path / "cartpole-run")
     address = f"unix:{tmp_path}/learner.sock"
     learner = processes.learner([
