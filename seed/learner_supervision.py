@@ -2,8 +2,9 @@
 stopping them in order, and SIGTERM / SIGINT as a clean stop.
 
 A helper thread that dies (seed/supervisor.py records its exception) ends the learner loudly instead of freezing
-it; a dead serving process is restarted (again every 5 s while a restart fails); the training process's death
-surfaces from its own calls (seed/training_process.py).
+it (the serving process's event reader too: it may end with its process, but not raise); a dead serving process is
+restarted (again every 5 s while a restart fails); the training process's death surfaces from its own calls
+(seed/training_process.py).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class LearnerSupervision:
             self.watchdog.watch(training_process.feeder)
         if priority_refresher is not None:
             self.watchdog.watch(priority_refresher.thread)
+        self.watchdog.watch_latest(lambda: serving.events_thread)
         self._retry_at = 0.0  # when a failed serving-process restart is tried again (time.monotonic())
 
     def start(self) -> list[str]:

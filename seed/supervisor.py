@@ -7,7 +7,9 @@ the run. Now:
 - `SupervisedThread` runs its target like `threading.Thread` and records the exception that ended it
   (`failure`: the thread's name and formatted traceback) instead of only printing it.
 - `Watchdog` holds the threads the learner started; the training loop polls `check()` between steps and gets
-  the first failure: a thread that raised, or one that returned while the learner was not stopping.
+  the first failure: a thread that raised, or one that returned while the learner was not stopping. A thread
+  that a part starts anew with each process it serves (the serving process's event reader, `watch_latest`) may
+  end with that process; only its exception is a failure.
 
 What the learner does with a failure (log it, stop, checkpoint where that is safe, exit non-zero) stays in the
 learner's run loop; this module only builds and watches threads.
@@ -16,7 +18,8 @@ Fault injection for tests: `sink_fault_from_environment` reads SEED_FAULT_SINK_R
 learner starts; when it is set, the experience sink raises `InjectedFault` on its first call at least that many
 seconds after the learner process started (counted from the process start, so a slow start on a loaded machine
 does not move the fault). It exists for the soak test (seed/bench/soak.py) and tests/; never set it in a real
-run.
+run. Likewise SEED_FAULT_SERVING_EVENTS_RAISE=1 makes the learner's serving-events thread raise `InjectedFault`
+when the first finished episodes reach it (`episodes_fault_from_environment`; tests only).
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 SINK_FAULT_ENV = "SEED_FAULT_SINK_RAISE_AFTER_S"
+EVENTS_FAULT_ENV = "SEED_FAULT_SERVING_EVENTS_RAISE"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,9 +82,16 @@ class Watchdog:
     def __init__(self, stop: threading.Event):
         self._stop = stop
         self._threads: list[threading.Thread] = []
+        self._latest: list[Callable[[], SupervisedThread | None]] = []
 
     def watch(self, *threads: threading.Thread) -> None:
         self._threads.extend(threads)
+
+    def watch_latest(self, latest: Callable[[], SupervisedThread | None]) -> None:
+        """A thread its owner replaces with each process it serves (`latest()`: the current one, None before
+        the first): it ends with that process, so only its exception is a failure. Its owner replaces it only
+        after a `check` (the learner restarts the serving process after polling), so no failure goes unseen."""
+        self._latest.append(latest)
 
     @property
     def threads(self) -> list[threading.Thread]:
@@ -94,6 +105,10 @@ class Watchdog:
                 return failure
             if thread.ident is not None and not thread.is_alive() and not self._stop.is_set():
                 return ThreadFailure(thread.name, "")
+        for latest in self._latest:
+            thread = latest()
+            if thread is not None and thread.failure is not None:
+                return thread.failure
         return None
 
 
@@ -128,3 +143,21 @@ def sink_fault_from_environment(sink: Callable[[T], None], environ: dict[str, st
         sink(item)
 
     return faulty_sink
+
+
+def episodes_fault_from_environment(on_episodes: Callable[[T], None], environ: dict[str, str] | None = None
+                                    ) -> Callable[[T], None]:
+    """`on_episodes`, or, when SEED_FAULT_SERVING_EVENTS_RAISE=1 is set, a function that raises `InjectedFault`
+    instead (test-only: the serving-events thread that calls it dies; see the module docstring)."""
+    raw = (os.environ if environ is None else environ).get(EVENTS_FAULT_ENV, "")
+    if not raw:
+        return on_episodes
+    if raw != "1":
+        raise ValueError(f"{EVENTS_FAULT_ENV}: got {raw!r}, expected 1 or unset")
+    print(f"[learner] test fault: the serving-events thread raises at the first finished episodes "
+          f"({EVENTS_FAULT_ENV})", flush=True)
+
+    def faulty_on_episodes(episodes: T) -> None:
+        raise InjectedFault(f"{EVENTS_FAULT_ENV}={raw}: injected serving-events failure")
+
+    return faulty_on_episodes

@@ -12,11 +12,13 @@ import torch
 
 from seed import checkpoint
 from seed.supervisor import (
+    EVENTS_FAULT_ENV,
     SINK_FAULT_ENV,
     InjectedFault,
     SupervisedThread,
     ThreadDied,
     Watchdog,
+    episodes_fault_from_environment,
     sink_fault_from_environment,
 )
 from tests.conftest import read_metrics, wait_for
@@ -50,6 +52,41 @@ def test_watchdog_reports_a_thread_that_raised_or_returned_early():
     stop.set()
     assert early.check() is None
     healthy.join(5)
+
+
+def test_watchdog_reports_the_latest_replaced_thread_only_if_it_raised():
+    """The serving-events thread ends with its serving process (a restart starts another): a return is no failure,
+    an exception is."""
+    stop = threading.Event()
+    watchdog = Watchdog(stop)
+    current = [None]
+    watchdog.watch_latest(lambda: current[0])
+    assert watchdog.check() is None  # before the first serving process
+    current[0] = SupervisedThread(lambda: None, "serving-events")  # its process exited: EOF on the events pipe
+    current[0].start()
+    current[0].join(5)
+    assert watchdog.check() is None
+
+    def fail():
+        raise InjectedFault("bad event")
+
+    current[0] = SupervisedThread(fail, "serving-events")
+    current[0].start()
+    current[0].join(5)
+    failure = watchdog.check()
+    assert failure is not None and failure.thread == "serving-events"
+    assert "InjectedFault: bad event" in failure.traceback
+
+
+def test_episodes_fault_hook_raises_only_when_set():
+    calls = []
+    on_episodes = calls.append
+    assert episodes_fault_from_environment(on_episodes, {}) is on_episodes
+    with pytest.raises(InjectedFault, match=EVENTS_FAULT_ENV):
+        episodes_fault_from_environment(calls.append, {EVENTS_FAULT_ENV: "1"})([(0, 1.0)])
+    assert calls == []
+    with pytest.raises(ValueError, match=f"{EVENTS_FAULT_ENV}: got 'yes', expected 1 or unset"):
+        episodes_fault_from_environment(calls.append, {EVENTS_FAULT_ENV: "yes"})
 
 
 def test_sink_fault_hook_raises_only_after_its_delay():
@@ -133,6 +170,30 @@ def test_learner_whose_sink_raises_exits_non_zero_with_the_traceback(processes, 
     assert "Traceback (most recent call last)" in output and "InjectedFault" in output, output
     assert "seed.supervisor.ThreadDied: thread 'experience-sink' died" in output, output
     assert checkpoint.latest(logdir) is not None, output
+
+
+def test_learner_whose_serving_events_thread_raises_exits_non_zero_naming_it(processes, tmp_path, monkeypatch):
+    """Real learner and actor processes; the serving-events thread raises at the first episodes the actor reports.
+    Unsupervised, it died silently and the learner went on without the actors' episode returns."""
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    monkeypatch.setenv(EVENTS_FAULT_ENV, "1")
+    learner = processes.learner([f"--logdir={logdir}", f"--server_address={address}", "--env=fake:vector",
+                                 "--num_actors=1", "--envs_per_actor=2", "--batch_size=2", "--unroll_length=5",
+                                 "--fake_episode_length=3", "--log_interval_s=0.5", "--torch_threads=1",
+                                 "--checkpoint_interval_s=3600"])
+    monkeypatch.delenv(EVENTS_FAULT_ENV)
+    processes.actor([f"--server_address={address}", "--env=fake:vector", "--envs_per_actor=2", "--actor_index=0",
+                     "--fake_episode_length=3"], "actor0")
+    wait_for(lambda: "listening on" in processes.output(learner), 120, "the learner to listen",
+             on_timeout=lambda: processes.output(learner))
+    wait_for(lambda: "thread 'serving-events' died" in processes.output(learner), 120,
+             "the learner to report the serving-events thread's death", on_timeout=lambda: processes.output(learner))
+    code = learner.wait(timeout=120)  # its stop took 51 s at load 16 (serving process, inference, checkpoint)
+    output = processes.output(learner)
+    assert code != 0, output
+    assert "InjectedFault" in output and "thread 'serving-events' died" in output, output
+    assert "seed.supervisor.ThreadDied: thread 'serving-events' died (seed.supervisor.InjectedFault" in output, output
 
 
 def test_learner_refuses_a_replay_that_cannot_fit_in_memory(tmp_path):

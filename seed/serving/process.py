@@ -27,6 +27,7 @@ from typing import Any
 
 from seed.envs.base import EnvSpec
 from seed.serving.slab import SlabLayout
+from seed.supervisor import SupervisedThread, episodes_fault_from_environment
 from seed.transport import TransportSecurity
 
 log = logging.getLogger(__name__)
@@ -164,7 +165,8 @@ class ServingProcess:
       request_write_fds: write ends of the request pipes, one per inference device.
       reply_fds: one reply eventfd per actor index (seed/serving/notify.py), also handed to shm actors.
       lifeline_read_fd: read end of a pipe whose write end only the learner holds (and never writes).
-      on_episodes: called with the (env id, raw return) pairs the actors report.
+      on_episodes: called with the (env id, raw return) pairs the actors report, on the `serving-events` thread
+        (`events_thread`: one per serving process, supervised by the learner).
       shm_actors: offer actors on this host the shared-memory path (seed/serving/shm_handover.py).
     """
 
@@ -175,13 +177,14 @@ class ServingProcess:
         self._layout, self._spec, self._addresses, self._max_workers = layout, spec, addresses, max_workers
         self._security, self._max_message_bytes = security, max_message_bytes
         self._request_fds, self._reply_fds, self._lifeline_fd = request_write_fds, list(reply_fds), lifeline_read_fd
-        self._on_episodes = on_episodes
+        self._on_episodes = episodes_fault_from_environment(on_episodes)
         self._shm_actors = shm_actors
         self._process: subprocess.Popen | None = None
         self._ready = threading.Event()
         self._error: str | None = None
         self.bound_addresses: list[str] = []
         self.restarts = 0
+        self.events_thread: SupervisedThread | None = None  # reads the current process's events
 
     def start(self, timeout_s: float = 60.0) -> list[str]:
         """Starts the process and returns its bound addresses once it serves; raises if it cannot."""
@@ -197,7 +200,8 @@ class ServingProcess:
         os.close(events_write)
         self._process.stdin.write(config.to_json())
         self._process.stdin.close()
-        threading.Thread(target=self._read_events, args=(events_read,), name="serving-events", daemon=True).start()
+        self.events_thread = SupervisedThread(lambda: self._read_events(events_read), "serving-events")
+        self.events_thread.start()
         deadline = time.monotonic() + timeout_s
         while not self._ready.wait(0.1):
             if self._process.poll() is not None or time.monotonic() > deadline:
