@@ -257,17 +257,18 @@ AGENT_ARGS = {
 }
 
 
-@pytest.mark.parametrize("agent", sorted(AGENT_ARGS))
-def test_agent_trains_on_breakout_with_real_learner_and_actors(processes, tmp_path, agent):
+@pytest.mark.parametrize("agent, transport", [(agent, "shm") for agent in sorted(AGENT_ARGS)] + [("vtrace", "grpc")])
+def test_agent_trains_on_breakout_with_real_learner_and_actors(processes, tmp_path, agent, transport):
     """The learner and one actor process of 2 MinAtar envs (the actor steps minatar:breakout, the learner builds the
-    agent's minatar network): a few updates, finished episodes, finite losses."""
+    agent's minatar network): a few updates, finished episodes, finite losses. The bool states cross the shared
+    step slab, and once gRPC (`--shm_actors=false`: the wire's bool check on every observation)."""
     _needs_minatar()
     logdir = str(tmp_path / "run")
     address = f"unix:{tmp_path}/learner.sock"
     env = ["--env=minatar:breakout", "--envs_per_actor=2", "--seed=1"]
     learner = processes.learner([*env, f"--agent={agent}", f"--logdir={logdir}", f"--server_address={address}",
                                  "--num_actors=1", "--log_interval_s=0.5", "--checkpoint_interval_s=3600",
-                                 "--torch_threads=1", *AGENT_ARGS[agent]])
+                                 "--torch_threads=1", f"--shm_actors={transport == 'shm'}", *AGENT_ARGS[agent]])
     processes.actor([*env, f"--server_address={address}", "--actor_index=0"], "actor0")
 
     def trained():
@@ -276,6 +277,7 @@ def test_agent_trains_on_breakout_with_real_learner_and_actors(processes, tmp_pa
 
     rows = wait_for(trained, 120, f"3 {agent} updates on minatar:breakout",
                     on_timeout=lambda: processes.output(learner)[-3000:])
+    assert f"actor 0 connected over {transport}" in processes.output(learner)
     last = rows[-1]
     assert last["env_frames"] > 0 and any(r["episode_return_mean"] is not None for r in rows)
     assert all(math.isfinite(v) for k, v in last.items() if k.startswith("losses/") and v is not None)
