@@ -6,7 +6,11 @@ Limits against hostile or broken clients: a receive limit per message, a cap on 
 
 from __future__ import annotations
 
+import contextlib
 import os
+import stat
+import tempfile
+import threading
 from concurrent import futures
 
 import grpc
@@ -54,22 +58,68 @@ def start_grpc_server(servicer: seed_pb2_grpc.LearnerServicer, addresses: list[s
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     credentials = security.server_credentials() if security.tls else None
-    bound = []
+    bound, unix_sockets = [], []
     for address in addresses:
-        if address.startswith("unix:"):
-            path = address[len("unix:"):]
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            if os.path.exists(path):  # a stale socket from a previous learner on this logdir
-                os.unlink(path)
         try:
+            if address.startswith("unix:"):
+                unix_sockets.append(_listen_unix(server, address[len("unix:"):], credentials))
+                bound.append(address)
+                continue
             port = (server.add_secure_port(address, credentials) if credentials
                     else server.add_insecure_port(address))
-        except RuntimeError as error:
+        except (RuntimeError, OSError) as error:
             raise RuntimeError(f"--server_address: cannot listen on {address!r}: {error}") from None
-        if port == 0 and not address.startswith("unix:"):
+        if port == 0:
             raise RuntimeError(f"--server_address: cannot listen on {address!r}")
-        bound.append(address if address.startswith("unix:") else f"{address.rsplit(':', 1)[0]}:{port}")
+        bound.append(f"{address.rsplit(':', 1)[0]}:{port}")
+    _unlink_on_stop(server, unix_sockets)
     server.start()
     for service in ("", "seed.Learner"):
         health_servicer.set(service, health_pb2.HealthCheckResponse.SERVING)
     return server, health_servicer, bound
+
+
+def _listen_unix(server: grpc.Server, path: str, credentials: grpc.ServerCredentials | None) -> tuple[str, int]:
+    """Listens on the unix socket `path`, mode 0600: only this user (and root) can connect. (path, its inode).
+
+    gRPC cannot tell the server a unix peer's uid (grpcio 1.85: no SO_PEERCRED in its peer string or auth
+    context), so the file mode does the shared-memory handover's peer check: another user's connect() is refused
+    by the kernel (EACCES). The socket is bound in a private directory (mode 0700) beside `path`, made 0600 there,
+    then linked to `path`: never reachable with a wider mode, whatever the umask (which is process-wide, so it is
+    not touched). A stale socket at `path` (a previous learner's) is removed first; link() refuses anything else."""
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if stat.S_ISSOCK(os.lstat(path).st_mode):  # a stale socket from a previous learner on this logdir
+            os.unlink(path)
+    private = tempfile.mkdtemp(prefix=".", dir=directory)  # mode 0700
+    staged = os.path.join(private, "s")
+    try:
+        port = (server.add_secure_port(f"unix:{staged}", credentials) if credentials
+                else server.add_insecure_port(f"unix:{staged}"))  # bound (and listening) on return
+        if port == 0:
+            raise RuntimeError(f"cannot bind {staged}")
+        os.chmod(staged, 0o600)  # connecting needs write permission
+        os.link(staged, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(staged)
+        os.rmdir(private)
+    return path, os.lstat(path).st_ino
+
+
+def _unlink_on_stop(server: grpc.Server, sockets: list[tuple[str, int]]) -> None:
+    """gRPC removes the socket it bound (the staged name) when it stops; this removes the linked names, unless a
+    newer learner's socket has taken one."""
+    if not sockets:
+        return
+    stop = server.stop
+
+    def stop_and_unlink(grace: float | None) -> threading.Event:
+        for path, inode in sockets:
+            with contextlib.suppress(FileNotFoundError):
+                if os.lstat(path).st_ino == inode:
+                    os.unlink(path)
+        return stop(grace)
+
+    server.stop = stop_and_unlink  # type: ignore[method-assign]
