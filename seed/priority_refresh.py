@@ -6,7 +6,7 @@ A `PriorityRefresher` thread in the learner sweeps the whole replay in batches o
     for slots [i, i + batch_size) of the filled replay:
         pull the newest published parameters (if newer) into its own copy of the network, on the training device
         read the slots' sequences and generations (a copy; not a sample: the replay ratio ignores it)
-        priorities = agent.priorities(sequences, network, target_network)    # the agent's own priority function
+        priorities = agent.priorities(sequences, network, target_network, version)  # the agent's own function
         write them back; a slot rewritten since the read keeps its new sequence's priority (generation check)
 
 A sweep starts at most every `interval_s` seconds (back to back if a sweep takes longer), and only once the
@@ -43,7 +43,8 @@ from seed.replay import PrioritizedReplay
 from seed.supervisor import SupervisedThread
 from seed.unroll import Unroll
 
-# (sequences [L, B] on the device, online network, target network) -> priorities float [B]
+# (sequences [L, B] on the device, online network, target network, the parameters' published version)
+#   -> priorities float [B]
 PriorityFunction = Callable[[Unroll, nn.Module, nn.Module], torch.Tensor]
 
 
@@ -120,7 +121,8 @@ class PriorityRefresher:
             indices = np.arange(first, min(first + self.batch_size, size))
             unrolls, generations = self.replay.read(indices)
             with torch.no_grad():
-                priorities = self._priorities(unrolls.to(self.device), self.network, self.target_network)
+                priorities = self._priorities(unrolls.to(self.device), self.network, self.target_network,
+                                              self.version)
             written += self.replay.refresh_priorities(indices, priorities.detach().double().cpu().numpy(),
                                                       generations)
             self._on_values({"replay/refresh_items_per_s": len(indices) / (time.perf_counter() - batch_start),

@@ -360,7 +360,7 @@ def test_priority_refresh_priorities_equal_the_losses(tmp_path):
         for parameter in network.parameters():
             parameter.data = torch.randn(parameter.shape, generator=generator) * 0.3
     unrolls = Unroll.stack(_hand_unrolls(config, count=4))
-    refreshed = agent.priorities(unrolls, agent.network, agent.target_network)
+    refreshed = agent.priorities(unrolls, agent.network, agent.target_network, agent.train_steps)
     agent.network.eval()  # batch norm as in the refresher's copy (the MLP has none; kept for the ResNet)
     trained = agent.loss(TrainingBatch(unrolls, torch.ones(4))).priorities
     torch.testing.assert_close(refreshed, trained)

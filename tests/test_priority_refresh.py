@@ -94,9 +94,9 @@ def test_a_sweep_sets_every_priority_to_what_the_latest_published_network_gives(
     assert refresher.sweep() == 10  # three forward passes: 4 + 4 + 2 slots
     # Update 1 crosses a multiple of an interval of 1 (the agent copies its target then), not of 100.
     target = latest if target_update_interval == 1 else initial_target
-    expected = agent.priorities(Unroll.stack(unrolls), latest, target).double().numpy()
+    expected = agent.priorities(Unroll.stack(unrolls), latest, target, 1).double().numpy()
     np.testing.assert_allclose(_stored(replay, range(10)), expected, rtol=1e-5)
-    stale = agent.priorities(Unroll.stack(unrolls), agent.network, agent.target_network).double().numpy()
+    stale = agent.priorities(Unroll.stack(unrolls), agent.network, agent.target_network, 0).double().numpy()
     assert not np.allclose(expected, stale, rtol=1e-3)  # the network the refresher started with would differ
     assert refresher.version == 1
     assert replay.stats()["replay/refreshed_priorities"] == 10
@@ -108,11 +108,11 @@ def test_a_slot_rewritten_during_a_sweep_keeps_its_new_sequences_priority(tmp_pa
     publisher = ParameterPublisher(copy.deepcopy(agent.network), torch.device("cpu"))
     calls = []
 
-    def priorities_while_inserting(unrolls, network, target_network):
+    def priorities_while_inserting(unrolls, network, target_network, version):
         if not calls:  # between the read of slots 0-3 and the write of their priorities
             replay.insert([_unroll(agent, 100)], np.array([123.0]))  # the full ring recycles slot 0
         calls.append(1)
-        return agent.priorities(unrolls, network, target_network)
+        return agent.priorities(unrolls, network, target_network, version)
 
     refresher = _refresher(agent, replay, publisher)
     refresher._priorities = priorities_while_inserting
@@ -182,3 +182,60 @@ def test_an_r2d2_learner_on_cartpole_refreshes_every_priority_while_it_trains(pr
     assert rows[-1]["replay/refreshed_priorities"] > 0, rows[-1]
     assert any((r.get("replay/refresh_items_per_s") or 0) > 0 for r in rows), rows[-1]
     assert rows[-1]["replay/oldest_priority_age_s"] >= 0
+
+
+def _muzero_unrolls(config, count: int, version: int) -> list[Unroll]:
+    """`count` random MuZero sequences of fake:vector, each acted at parameter version `version`."""
+    g = torch.Generator().manual_seed(count)
+    length = config.burn_in + config.unroll_length + 1
+    unrolls = []
+    for b in range(count):
+        policy = torch.rand(length, 4, generator=g)
+        steps = dict(observation=torch.randn(length, 8, generator=g), reward=torch.randn(length, generator=g),
+                     done=torch.rand(length, generator=g) < 0.1, truncated=torch.zeros(length, dtype=torch.bool),
+                     prev_action=torch.zeros(length, dtype=torch.long),
+                     action=torch.randint(0, 4, (length,), generator=g), valid=torch.ones(length, dtype=torch.bool),
+                     policy_version=torch.full((length,), version, dtype=torch.long),
+                     search_policy=policy / policy.sum(-1, keepdim=True), root_value=torch.randn(length, generator=g))
+        unrolls.append(Unroll(steps, {}, torch.tensor(b)))
+    return unrolls
+
+
+def test_muzero_refreshed_priorities_equal_the_losses_after_updates_in_the_training_process(tmp_path):
+    """With the training process (the default) the learner's own agent never trains: its train_steps stays 0.
+    The refresher must bootstrap at the horizon the loss uses for the parameters it refreshes with (their published
+    version), which --td_age_updates shortens with a step's age. After 6 updates in a trainer agent (as the training
+    process holds it), a sweep with the published parameters gives the priorities the loss gives the same batch.
+    Seen failing before the fix, with the learner's agent's step count (0): priorities up to 1.8 apart on these
+    sequences (horizon 5 instead of 5 - 6 // 2 = 2)."""
+    from seed.agents import agent_class
+    from seed.training import train_on_batch
+    from seed.unroll import TrainingBatch
+
+    updates = 6
+    config = _config(tmp_path, agent="muzero", burn_in=9, unroll_length=4, batch_size=4, num_simulations=2,
+                     td_age_updates=2, target_update_interval=updates, priority_refresh_interval_s=0.1)
+    spec = make_spec("fake:vector", {})
+    torch.manual_seed(0)
+    learner_agent = agent_class("muzero")(spec, config)  # the learner's: never trained with the training process
+    trainer = agent_class("muzero")(spec, config)
+    trainer.load_state_dict(learner_agent.state_dict())
+    optimizer = torch.optim.Adam(trainer.network.parameters(), lr=3e-3)
+    for step in range(updates):
+        batch = TrainingBatch(Unroll.stack(_muzero_unrolls(config, 4, version=0)), torch.ones(4))
+        assert train_on_batch(trainer, optimizer, batch, config, step).trained
+        trainer.after_update(step + 1)
+    assert learner_agent.train_steps == 0 and trainer.train_steps == updates
+
+    stored = _muzero_unrolls(config, 8, version=0)
+    replay = PrioritizedReplay(8, ALPHA, 0.6, min_size=1, replay_ratio=1e9, batch_size=4, max_insert_lead=10**9)
+    replay.insert(stored, np.ones(8))
+    publisher = ParameterPublisher(copy.deepcopy(learner_agent.network), torch.device("cpu"))
+    publisher.publish(trainer.network.state_dict(), version=updates)  # what the learner does after update 6
+    refresher = make_priority_refresher(config, learner_agent, type("Experience", (), {"replay": replay}), publisher,
+                                        0, threading.Event(), lambda values: None)
+    assert refresher.sweep() == 8
+
+    trainer.network.eval()
+    expected = trainer.loss(TrainingBatch(Unroll.stack(stored), torch.ones(8))).priorities.double().numpy()
+    np.testing.assert_allclose(_stored(replay, range(8)), expected, rtol=1e-4)

@@ -280,15 +280,19 @@ class MuZeroAgent(contract.Agent):
         return priorities.double().numpy()
 
     @torch.no_grad()
-    def priorities(self, unrolls: Unroll, network: MuZeroNetwork, target_network: MuZeroNetwork) -> torch.Tensor:
+    def priorities(self, unrolls: Unroll, network: MuZeroNetwork, target_network: MuZeroNetwork, version: int
+                   ) -> torch.Tensor:
         """Priority Refresh (seed/priority_refresh.py): the priorities float [B] that training on sequences [L, B]
         with these networks would give them: |v - z| over the sequence's starts (v: `network`'s value at a start,
-        z: the n-step target bootstrapped with `target_network`), combined as the loss combines them."""
+        z: the n-step target bootstrapped with `target_network`), combined as the loss combines them. `version`:
+        the networks' parameter version, the train_steps the loss ran with (--td_age_updates shortens each step's
+        horizon by its age against it); not `self.train_steps`, which stays 0 in the learner's agent when the
+        training process trains."""
         length, batch = unrolls.reward.shape
         starts = self.config.unroll_length
         stacked = self.stacked_observations(unrolls)
         bootstrap = predicted_values(target_network, stacked.flatten(0, 1), length, batch)
-        targets, target_mask = value_targets(unrolls, bootstrap, self.config, self.train_steps)
+        targets, target_mask = value_targets(unrolls, bootstrap, self.config, version)
         start_value = predicted_values(network, stacked[:starts].flatten(0, 1), starts, batch)
         masks = unroll_masks(unrolls.done, unrolls.truncated, unrolls.valid, starts, self.config.unroll_steps)
         mask = masks["start"][0] & target_mask[:starts]

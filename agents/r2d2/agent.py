@@ -239,9 +239,11 @@ class R2D2Agent(contract.Agent):
         return targets - taken, mask, q_online
 
     @torch.no_grad()
-    def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module) -> torch.Tensor:
+    def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module, version: int
+                   ) -> torch.Tensor:
         """Priority Refresh (seed/priority_refresh.py): the priorities float [B] that training on sequences [L, B]
-        with these networks would give them (eta max|delta| + (1 - eta) mean|delta|, as `loss` returns)."""
+        with these networks would give them (eta max|delta| + (1 - eta) mean|delta|, as `loss` returns). R2D2's
+        do not depend on the parameters' `version`."""
         td, mask, _ = self.td_errors(unrolls, network, target_network)
         return sequence_priorities(td, mask, self.config.priority_eta)
 

@@ -30,7 +30,7 @@ Instance members (the learner, the training process, inference and seed-eval):
   with a replay (uses_replay):
     replay_sequence_bytes() the host bytes of one stored sequence (the replay's memory check)
     initial_priorities(unrolls)     priorities of sequences entering the replay
-    priorities(unrolls, network, target_network)  Priority Refresh's priorities of stored sequences
+    priorities(unrolls, network, target_network, version)  Priority Refresh's priorities of stored sequences
     target_network          the network priorities bootstrap from, None if none
 """
 
@@ -206,9 +206,13 @@ class Agent(abc.ABC):
         """Priorities [len(unrolls)] of sequences entering the replay. Default: 1 each (uniform until trained)."""
         return np.ones(len(unrolls), np.float64)
 
-    def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module | None) -> torch.Tensor:
+    def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module | None, version: int
+                   ) -> torch.Tensor:
         """Priority Refresh: priorities [B] of stored sequences under `network` (and the target network it
-        bootstraps from). Needed when `uses_replay`."""
+        bootstraps from), as the loss of update `version` + 1 would give them: `version` is the parameters'
+        published version (updates made when they were published), the `train_steps` their loss ran with; the
+        agent's own step count is not it (with the training process the learner's agent never trains). Needed
+        when `uses_replay`."""
         raise NotImplementedError(f"{type(self).__name__} uses a replay but has no priority function")
 
 
