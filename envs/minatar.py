@@ -23,6 +23,8 @@ Options (the `options` dict of `make_spec` / `make_batch`; all optional):
   minatar_difficulty_ramping    bool, default True.
   minatar_minimal_action_set    bool, default False.
   action_repeat                 must be 1 if given (MinAtar's games are not frame-skipped).
+
+`MinAtarEnv.render_rgb()` draws the state for seed-eval's `--video` (the `render_rgb` option is not needed).
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ MINIMAL_ACTIONS = {"asterix": (0, 1, 2, 3, 4), "breakout": (0, 1, 3), "freeway":
                    "seaquest": (0, 1, 2, 3, 4, 5), "space_invaders": (0, 1, 3, 5)}
 FULL_ACTION_SET_SIZE = 6
 GRID = 10
+# render_rgb: a colour per channel (matplotlib's tab10; MinAtar's own display uses seaborn's cubehelix) and pixels per
+# cell side (160 x 160 frames: video encoders want sizes divisible by 16).
+PALETTE = np.array([[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75],
+                    [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207]], np.uint8)
+CELL_PIXELS = 16
 DEFAULTS: dict[str, Any] = {
     "seed": 0,
     "minatar_sticky_actions": 0.1,
@@ -159,6 +166,15 @@ class MinAtarEnv:
         reward, terminated = self._game.act(played)
         self._running = not terminated
         return StepResult(self._state(), float(reward), bool(terminated), False, float(reward))
+
+    def render_rgb(self) -> np.ndarray:
+        """The current state as a picture for seed-eval's videos, uint8 [160, 160, 3]: each cell in the colour of its
+        highest set channel (MinAtar's display rule), black where none is set, 16 x 16 pixels a cell."""
+        state = self._state()
+        channels = state.shape[-1]
+        top = channels - 1 - np.argmax(state[..., ::-1], axis=-1)  # [10, 10]: the highest set channel
+        image = np.where(state.any(-1)[..., None], PALETTE[top], np.uint8(0))
+        return np.repeat(np.repeat(image, CELL_PIXELS, axis=0), CELL_PIXELS, axis=1)
 
     def close(self) -> None:
         self._running = False

@@ -160,6 +160,30 @@ def test_episode_end_reports_the_return_and_the_next_episodes_first_state():
     assert step.observation[0, 1:4, :, 3].all()  # and three full rows of bricks
 
 
+def test_render_rgb_colours_each_cell_by_its_highest_channel():
+    """A hand-made Seaquest state (10 channels): cell (0, 0) holds channels 0 and 2, cell (4, 7) channel 9, cell
+    (9, 9) channels 1, 5 and 3; the rest is empty. Each cell is 16 x 16 pixels of its highest channel's colour."""
+    _needs_minatar()
+    env = envs.make_batch("minatar:seaquest", 1, 0, {}).envs[0]
+    assert env.render_rgb().shape == (160, 160, 3)  # the real first state
+    state = np.zeros((10, 10, 10), bool)
+    state[0, 0, [0, 2]] = True
+    state[4, 7, 9] = True
+    state[9, 9, [1, 5, 3]] = True
+    env._state = lambda: state
+    image = env.render_rgb()
+    assert image.shape == (160, 160, 3) and image.dtype == np.uint8
+
+    def cell(row, column):
+        block = image[row * 16:(row + 1) * 16, column * 16:(column + 1) * 16].reshape(-1, 3)
+        assert (block == block[0]).all()
+        return tuple(int(v) for v in block[0])
+
+    palette = [tuple(int(v) for v in colour) for colour in family.PALETTE]
+    assert (cell(0, 0), cell(4, 7), cell(9, 9)) == (palette[2], palette[9], palette[5])
+    assert int(image.sum()) == 256 * sum(sum(palette[i]) for i in (2, 9, 5))  # everything else black
+
+
 # ----------------------------------------------------------------------------------------------- networks
 
 
