@@ -37,6 +37,7 @@ from seed.envs.base import BatchStep, EnvBatch
 from seed.serving.shm_protocol import handover_path
 from seed.shm_actor_link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
 from seed.transport import TransportConfigError, TransportSecurity, open_channel
+from seed.transport.channel import unix_listener_problem
 
 log = logging.getLogger(__name__)
 
@@ -223,8 +224,10 @@ class Actor:
         self.stop.wait(delay)
 
     def _wait_for_learner(self, channel: grpc.Channel) -> None:
-        """Waits until the channel connects; says once when a connection attempt failed (no learner there yet,
-        or one that refuses this actor's transport, e.g. plaintext against TLS), so a wrong flag is visible."""
+        """Waits until the channel connects and, for a unix: address, the listener runs as this actor's user or
+        root (`unix_listener_problem`: the stream's call carries the token); says once when a connection attempt
+        failed (no learner there yet, or one that refuses this actor's transport, e.g. plaintext against TLS) or
+        another user listens, so a wrong flag or a taken path is visible."""
         failed = threading.Event()
 
         def on_state(state: grpc.ChannelConnectivity) -> None:
@@ -232,15 +235,22 @@ class Actor:
                 failed.set()
 
         channel.subscribe(on_state)
-        reported = False
+        reported = foreign_reported = False
         backoff = 0.1
         try:
             while not self.stop.is_set():
                 try:
                     grpc.channel_ready_future(channel).result(timeout=backoff)
-                    return
+                    problem = unix_listener_problem(self.config.server_address)
+                    if problem is None:
+                        return
+                    if not foreign_reported:  # the learner's user may claim the path later: keep checking
+                        foreign_reported = True
+                        print(f"[actor {self.config.actor_index}] {problem}; retrying", flush=True)
+                    self.stop.wait(backoff)
                 except grpc.FutureTimeoutError:
-                    backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
+                    pass
+                backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
                 if failed.is_set() and not reported:
                     reported = True
                     print(f"[actor {self.config.actor_index}] cannot connect to {self.config.server_address} "

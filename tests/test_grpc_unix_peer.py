@@ -16,6 +16,8 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 
 import grpc
 import pytest
@@ -91,3 +93,110 @@ def test_another_user_cannot_connect_to_the_learners_unix_socket():
             server.kill()
             server.wait()
         shutil.rmtree(directory)
+
+
+# --- the actor's side: no stream (its call carries the token) to a listener of another user ----------------------
+
+_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_SETTINGS, _SETTINGS_ACK = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00", b"\x00\x00\x00\x04\x01\x00\x00\x00\x00"
+
+
+def _foreign_http2_listener(path: str, seconds: float) -> tuple[int, int]:
+    """Forks a listener on `path` as nobody that answers HTTP/2's connection setup (SETTINGS, then its ACK), so a
+    gRPC channel to it becomes READY as to a learner, and records what its first client sends for `seconds`.
+    (pid, read end of a pipe that gets those bytes when it is done)."""
+    ready_read, ready_write = os.pipe()
+    report_read, report_write = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(ready_read), os.close(report_read)
+            os.setgroups([])
+            os.setgid(NOBODY)
+            os.setuid(NOBODY)
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(path)
+            os.chmod(path, 0o777)  # anyone may connect, as to a socket made under umask 0
+            listener.listen(8)
+            os.write(ready_write, b"listening")
+            os.close(ready_write)
+            listener.settimeout(seconds)
+            connection, _ = listener.accept()
+            connection.sendall(_SETTINGS)
+            received, acked = b"", False
+            deadline = time.monotonic() + seconds
+            while time.monotonic() < deadline:
+                connection.settimeout(max(0.01, deadline - time.monotonic()))
+                try:
+                    chunk = connection.recv(1 << 16)
+                except TimeoutError:
+                    break
+                if not chunk:
+                    break
+                received += chunk
+                if not acked and len(received) >= len(_PREFACE) + 9:
+                    connection.sendall(_SETTINGS_ACK)
+                    acked = True
+            os.write(report_write, received)
+        finally:
+            os._exit(0)
+    os.close(ready_write), os.close(report_write)
+    with os.fdopen(ready_read, "rb") as ready:
+        assert ready.read() == b"listening"
+    return pid, report_read
+
+
+def _frame_types(data: bytes) -> list[int]:
+    """The HTTP/2 frame types a client sent after its connection preface (HEADERS = 1 opens a call)."""
+    assert data.startswith(_PREFACE), data[:40]
+    types, at = [], len(_PREFACE)
+    while at + 9 <= len(data):
+        length = int.from_bytes(data[at:at + 3], "big")
+        types.append(data[at + 3])
+        at += 9 + length
+    return types
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="a listener of another user needs root to start it")
+def test_an_actor_opens_no_stream_to_a_unix_listener_of_another_user(tmp_path):
+    """In a directory others can write, another user listens on the learner's unix path first and answers like a
+    gRPC server: the actor's channel is READY, but the actor checks the listener's uid (SO_PEERCRED) and opens no
+    stream, so no HEADERS frame (the call with the token) reaches it. Before, the Stream call went out at once."""
+    shared = tempfile.mkdtemp(prefix="seed-shared-", dir="/tmp")  # like /tmp: anyone may create, sticky
+    os.chmod(shared, 0o1777)
+    path = os.path.join(shared, "learner.sock")
+    token_file = tmp_path / "token"
+    token_file.write_text("s3cret-token-0123456789\n")
+    pid, report = _foreign_http2_listener(path, seconds=120)
+    actor = subprocess.Popen([sys.executable, "-m", "seed.actor_main", "--env=fake:vector", f"--server_address=unix:{path}",
+                              "--actor_index=0", "--envs_per_actor=2", f"--auth_token_file={token_file}",
+                              "--transport=grpc"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             text=True)
+    try:
+        lines: list[str] = []
+        reader = threading.Thread(target=lambda: lines.extend(actor.stdout), daemon=True)
+        reader.start()
+        deadline = time.monotonic() + 90
+        while not any("listener uid: got" in line for line in lines) and time.monotonic() < deadline \
+                and actor.poll() is None:
+            time.sleep(0.2)
+        time.sleep(2)  # a stream, had the actor opened one, would be on the wire by now
+        actor.kill()
+        actor.wait()
+        reader.join(10)
+        output = "".join(lines)
+        with os.fdopen(report, "rb") as received:
+            data = received.read()
+        os.waitpid(pid, 0)
+        pid = None
+        assert f"unix:{path}: listener uid: got {NOBODY} (pid " in output, output[-3000:]
+        assert "s3cret" not in output
+        assert 1 not in _frame_types(data), _frame_types(data)  # no HEADERS: no call, no token
+    finally:
+        if actor.poll() is None:
+            actor.kill()
+            actor.wait()
+        if pid is not None:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        shutil.rmtree(shared)

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import struct
+
 import grpc
 
 from seed.transport.security import TransportSecurity
@@ -44,3 +48,29 @@ def open_channel(address: str, security: TransportSecurity | None = None) -> grp
     if security.tls_server_name:
         options.append(("grpc.ssl_target_name_override", security.tls_server_name))
     return grpc.secure_channel(address, security.channel_credentials(), options=options)
+
+
+def unix_listener_problem(address: str) -> str | None:
+    """For a `unix:P` address: why the process listening on P must not be sent this actor's stream (it runs as
+    another user than this actor's, and not as root: SO_PEERCRED, the shared-memory actors' rule), else None.
+    None for other addresses and when nothing listens on P (the channel's own failure says so).
+
+    The learner's socket is mode 0600 (seed/transport/server.py), so an actor of another user cannot reach it;
+    but in a directory others can write (/tmp) another user may hold P and listen there, and the Stream call
+    carries the token. Checked on a connection of its own just before the stream opens."""
+    if not address.startswith("unix:"):
+        return None
+    path = address[len("unix:"):]
+    path = path[2:] if path.startswith("//") else path  # unix:///absolute/path
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(5.0)
+        try:
+            sock.connect(path)
+        except OSError:
+            return None
+        pid, uid, _ = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                          struct.calcsize("3i")))
+    if uid in (os.getuid(), 0):
+        return None
+    return (f"{address}: listener uid: got {uid} (pid {pid}), expected this actor's uid {os.getuid()} or root (0): "
+            "another user listens there; no stream opened (its call would carry the token)")
