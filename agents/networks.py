@@ -19,8 +19,8 @@ from torch import nn
 from torch.nn import functional as F
 
 from seed.contracts import State
+from seed.contracts.storage import torch_dtype
 from seed.envs.base import EnvSpec
-from seed.wire import torch_dtype
 
 
 def resolve_network(spec: EnvSpec, requested: str, image_default: str) -> str:

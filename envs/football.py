@@ -122,7 +122,8 @@ def pack_smm(planes: np.ndarray) -> np.ndarray:
 def unpack_smm(packed: torch.Tensor | np.ndarray) -> torch.Tensor:
     """Unpacks uint16 [..., H, W] into float32 planes [..., 16, H, W] with values in {0, 1}.
 
-    Also accepts the same bits as int16 (how the learner stores uint16, see seed.wire.torch_dtype) or wider ints.
+    Also accepts the same bits as int16 (how the learner stores uint16, see
+    seed.contracts.storage.torch_dtype) or wider ints.
     """
     if isinstance(packed, np.ndarray):
         packed = torch.from_numpy(np.ascontiguousarray(packed))

@@ -184,7 +184,7 @@ def play(agent: Any, env_batch: Any, quotas: np.ndarray, device: Any, video: Epi
     import torch
 
     from seed.contracts import InferenceBatch
-    from seed.wire import to_torch
+    from seed.contracts.storage import to_torch
 
     m = env_batch.num_envs
     network = agent.network.to(device).eval()

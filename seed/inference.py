@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from seed.contracts import FinishedEpisodes, InferenceBatch
+from seed.contracts.storage import to_torch
 from seed.parameters import ParameterPublisher
 from seed.policy import EagerPolicy, GraphedPolicy
 from seed.serving.notify import RequestBatcher
@@ -29,7 +30,7 @@ from seed.state_table import StateTable
 from seed.sync_gate import RolloutGate
 from seed.unroll import Unroll
 from seed.unroll_store import UnrollStore
-from seed.wire import WireError, check_step_values, invalid_step_values, to_torch
+from seed.wire import WireError, check_step_values, invalid_step_values
 
 log = logging.getLogger(__name__)
 

@@ -8,17 +8,11 @@ would take any other byte as True, yet pass it on unchanged into the step slab a
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import grpc
 import numpy as np
 
 from seed._proto import seed_pb2
 from seed.envs.base import EnvSpec, EpisodeStats
-
-if TYPE_CHECKING:  # torch is imported lazily: the serving process and the actors never need it
-    import torch
-
 
 # The status that ends a stream whose actor index a newer handshake took over while the stream was alive
 # (protos/seed.proto): the actor must exit instead of reconnecting, or two live actors of one index would
@@ -119,23 +113,3 @@ def episode_to_proto(stats: EpisodeStats) -> seed_pb2.EpisodeStats:
         frames=stats.frames,
         truncated=stats.truncated,
     )
-
-
-# torch has no indexing kernels for these unsigned types; the learner keeps their bits in the signed type
-# of the same width (a zero-copy reinterpretation), and networks read them back (e.g. football's unpacking).
-_SIGNED_STORAGE = {"uint16": "int16", "uint32": "int32", "uint64": "int64"}
-
-
-def torch_dtype(numpy_dtype: str) -> torch.dtype:
-    """The torch dtype the learner stores observations of `numpy_dtype` in."""
-    import torch
-
-    return getattr(torch, _SIGNED_STORAGE.get(numpy_dtype, numpy_dtype))
-
-
-def to_torch(array: np.ndarray) -> torch.Tensor:
-    """numpy -> torch without a copy, reinterpreting unsigned types torch cannot index (see torch_dtype)."""
-    import torch
-
-    signed = _SIGNED_STORAGE.get(array.dtype.name)
-    return torch.from_numpy(array.view(signed) if signed else array)

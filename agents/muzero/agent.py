@@ -36,9 +36,9 @@ from seed.agents.networks import stack_frames
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
+from seed.contracts.storage import torch_dtype
 from seed.envs.base import EnvSpec
 from seed.unroll import LossOutput, TrainingBatch, Unroll
-from seed.wire import torch_dtype
 
 # EfficientZero's Atari 100k configuration (efficientzero_facts.md, SpeedyZero Table 6) where this framework has
 # the setting. Not EfficientZero's: Adam instead of SGD 0.2 (the framework's optimizer), grayscale 84 x 84 frames
