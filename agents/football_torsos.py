@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from seed.agents.networks import ImpalaResidualStack, SmallDQNTorso
+from seed.agents.torsos import ImpalaResidualStack, SmallDQNTorso
 from seed.envs.football import NUM_PLANES, unpack_smm
 
 SECTION_CHANNELS = (16, 32, 32, 32)

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from seed.agents.football_torsos import FootballTorso
 from seed.envs.football import SMM_SIZES, pack_smm, smm_size, unpack_smm
-from seed.envs.football_network import FootballTorso
 
 SCENARIO = "academy_empty_goal_close"
 SHOT, RIGHT = 12, 5  # indices in gfootball's default action set

@@ -6,7 +6,8 @@ Frames here are tiny ([2] values; frame k holds k and 10 k) so every stack can b
 import numpy as np
 import torch
 
-from seed.agents.networks import AgentBody, stack_frames
+from seed.agents.networks import AgentBody
+from seed.agents.torsos import stack_frames
 from seed.envs.base import EnvSpec
 
 

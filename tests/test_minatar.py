@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import seed.envs as envs
-from seed.agents.networks import MinAtarTorso
+from seed.agents.torsos import MinAtarTorso
 from seed.envs import minatar as family
 from tests.conftest import read_metrics, wait_for
 

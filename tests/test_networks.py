@@ -7,8 +7,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from seed.agents.networks import ImpalaDeepTorso, NatureDQNTorso, SmallDQNTorso, conv_on_frames
 from seed.agents.r2d2.agent import DuelingQNetwork
+from seed.agents.torsos import ImpalaDeepTorso, NatureDQNTorso, SmallDQNTorso, conv_on_frames
 from seed.agents.vtrace.agent import ActorCriticNetwork
 from seed.envs import make_spec
 from seed.learner_main import resolve_config

@@ -32,7 +32,7 @@ from seed.agents.muzero.losses import muzero_loss, predicted_values, start_prior
 from seed.agents.muzero.networks import MLPMuZeroNetwork, MuZeroNetwork, ResNetMuZeroNetwork
 from seed.agents.muzero.reanalysis import reanalyse_batch
 from seed.agents.muzero.targets import support_to_scalar, unroll_masks
-from seed.agents.networks import stack_frames
+from seed.agents.torsos import stack_frames
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract

@@ -27,7 +27,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from seed.agents.networks import conv_on_frames
+from seed.agents.torsos import conv_on_frames
 
 LstmState = tuple[torch.Tensor, torch.Tensor]
 
