@@ -21,7 +21,7 @@ def option(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's namin
 
 _field = option
 
-OPTIMIZERS = ("adam", "clipped_lars")  # --optimizer's choices (seed/optimizers.py builds them)
+OPTIMIZERS = ("adam", "clipped_lars")  # --optimizer's choices (seed/training/optimizers.py builds them)
 
 
 @dataclasses.dataclass
@@ -35,7 +35,7 @@ class EnvOptions:
     envs_per_actor: int = _field(4, "Environments stepped by each actor process (K).")
     env_groups: int = _field(1, "Double-buffered acting: each actor splits its K envs into this many groups of "
                                 "K / env_groups, each with its own stream to the learner, and steps one group's "
-                                "envs while the others' actions are computed (seed/actor_groups.py). The learner "
+                                "envs while the others' actions are computed (seed/actor/env_groups.py). The learner "
                                 "and every actor need the same value; it must divide --envs_per_actor.")
     seed: int = _field(0, "Base random seed; env i is seeded with seed + env id.")
     action_repeat: int = _field(0, "Env frames per agent step; 0 = the env family's default (Atari 4, others 1).")
@@ -90,7 +90,7 @@ class ActorConfig(EnvOptions, TransportOptions):
     actor_index: int = _field(0, "This actor's index; it owns env ids [index*K, (index+1)*K).")
     reconnect_max_backoff_s: float = _field(5.0, "Longest wait between reconnection attempts (seconds).")
     log_interval_s: float = _field(30.0, "Seconds between actor progress lines on stdout.")
-    stats_file: str = _field("", "Append throughput/latency/CPU rows (JSON Lines, see seed/actor_stats.py) here; "
+    stats_file: str = _field("", "Append throughput/latency/CPU rows (JSON Lines, see seed/actor/stats.py) here; "
                                  "'' = off. Used by seed-bench.")
     stats_interval_s: float = _field(1.0, "Seconds between rows of --stats_file (one more is written on exit).")
     tls_server_name: str = _field("", "Mutual TLS: the name on the learner's certificate, if not the dialled host.")
@@ -105,7 +105,8 @@ class ActorConfig(EnvOptions, TransportOptions):
 
 @dataclasses.dataclass
 class ReplayOptions:
-    """The central prioritized replay's flags (seed/replay.py, seed/priority_refresh.py): part of the
+    """The central prioritized replay's flags (seed/experience/replay.py, seed/experience/priority_refresh.py): part of
+    the
     configuration of the agents that train from it (`Agent.uses_replay`: R2D2, MuZero), absent from the others'."""
 
     burn_in: int = option(0, "Steps at the start of each unroll that only warm up the recurrent state (R2D2); "
@@ -123,7 +124,7 @@ class ReplayOptions:
     priority_refresh_interval_s: float = option(0.0, "Priority Refresh (SpeedyZero): seconds between the starts of "
                                                      "two sweeps that recompute every replay item's priority with "
                                                      "the latest network, on a thread of the learner "
-                                                     "(seed/priority_refresh.py); 0 = off. Agents with a replay.")
+                                                     "(seed/experience/priority_refresh.py); 0 = off. Agents with a replay.")
     priority_refresh_batch_size: int = option(0, "Priority Refresh: replay items per forward pass; 0 = batch_size.")
     checkpoint_replay: bool = option(False, "Save the replay with each checkpoint (can be many GB).")
 
@@ -162,7 +163,7 @@ class LearnerConfig(EnvOptions, TransportOptions):
     training_devices: str = _field("", "Comma-separated training devices (e.g. cuda:0,cuda:1, or cpu,cpu): "
                                        "data-parallel training, one training process per device under "
                                        "torch.distributed (gloo on the CPU, NCCL on CUDA), each on 1/N of every "
-                                       "batch with gradients averaged (seed/data_parallel.py); needs "
+                                       "batch with gradients averaged (seed/training/data_parallel.py); needs "
                                        "--training_process and a --batch_size divisible by N; overrides "
                                        "--training_device.")
     cuda_graphs: bool = _field(True, "Replay the inference step as CUDA graphs on GPU inference devices "
@@ -179,7 +180,7 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                       "falls back to the previous one if the newest does not load.")
     torch_threads: int = _field(0, "torch intra-op threads in the learner; 0 = number of CPU cores.")
     training_process: bool = _field(True, "Run the optimizer steps in a process of their own (batches and "
-                                          "parameters through shared memory, seed/training_process.py), so "
+                                          "parameters through shared memory, seed/training/process.py), so "
                                           "training never holds the GIL the inference thread needs. Unless set "
                                           "explicitly: on for training on the CPU; --deterministic and a CUDA "
                                           "--training_device train in the learner process.")
@@ -190,7 +191,7 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                                      "longer than this and 10x the slowest update so far (the "
                                                      "first update: 5x this).")
     keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
-                                           "reuse instead of mmap/munmap per training step (seed/host_memory.py).")
+                                           "reuse instead of mmap/munmap per training step (seed/learner/host_memory.py).")
     # Optimisation (shared).
     batch_size: int = _field(32, "Unrolls per training batch.")
     unroll_length: int = _field(100, "Trained steps per unroll (each unroll stores burn_in + unroll_length + 1 steps).")
@@ -199,7 +200,7 @@ class LearnerConfig(EnvOptions, TransportOptions):
     adam_beta1: float = _field(0.9, "Adam beta1.")
     optimizer: str = _field("adam", "adam, or clipped_lars: SpeedyZero's momentum SGD with the LARS trust ratio "
                                     "clipped to <= 1 per weight tensor, biases and norm layers excluded "
-                                    "(seed/optimizers.py).")
+                                    "(seed/training/optimizers.py).")
     lars_eta: float = _field(1e-3, "clipped_lars: trust coefficient eta of the weight tensors.")
     lars_bn_bias_eta: float = _field(0.0, "clipped_lars: eta of biases and norm-layer parameters; 0 = plain "
                                           "momentum SGD for them (SpeedyZero's appendix A.3 uses 0.05).")

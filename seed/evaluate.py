@@ -6,7 +6,7 @@
 
 Everything about the run comes from the checkpoint: its saved learner configuration rebuilds the env spec and
 the agent (keys this version does not know are ignored with a warning), and its parameters are loaded into
-the agent's network. Checkpoints are read with `torch.load(weights_only=True)` (seed/checkpoint.py `read`), so
+the agent's network. Checkpoints are read with `torch.load(weights_only=True)` (seed/learner/checkpoint.py `read`), so
 a downloaded one cannot run code: one that holds other Python objects is refused. The policy is the agent's
 `evaluation_act` (V-trace: a sample from the policy, or its argmax with `--eval_greedy`; R2D2: epsilon-greedy
 with the checkpoint's `eval_epsilon`; MuZero: the checkpoint's search without root noise, its most visited action
@@ -28,7 +28,7 @@ The JSON report (`--out`, default `<logdir>/eval.json`) holds the summary, the p
 checkpoint's path and counters, agent, env, seed and wall time. `--video=FILE.mp4|.gif` records env 0's first
 episode (needs the `video` extra: `pip install 'seed-rl-torch[video]'`). `--wandb_project` also logs the summary
 and the video to a Weights & Biases run (job type eval, grouped with the learner's run by the logdir's name, at the
-checkpoint's env frames; seed/wandb_sink.py). User errors exit with status 2.
+checkpoint's env frames; seed/metrics/wandb_sink.py). User errors exit with status 2.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ import numpy as np
 from absl import app, flags
 
 from seed.config import LearnerConfig, define_flags, explicit_flags, learner_config_class
-from seed.wandb_sink import check_wandb_mode
+from seed.metrics.wandb_sink import check_wandb_mode
 
 EVAL_SEED_OFFSET = 1_000_000  # eval env k uses seed + k; training envs use seed + env id < num_envs
 VIDEO_EXTENSIONS = (".mp4", ".gif")
@@ -89,13 +89,13 @@ class EvalConfig:
 
 
 def load_checkpoint(logdir: str, path: str = "") -> tuple[str, dict[str, Any]]:
-    """(path, checkpoint dict) of `path`, or else of `logdir`'s latest checkpoint (seed.checkpoint).
+    """(path, checkpoint dict) of `path`, or else of `logdir`'s latest checkpoint (seed.learner.checkpoint).
 
     The one place that knows how checkpoints are found; errors list what the logdir holds instead. Files are
     read by `checkpoint.read` (torch.load weights_only=True): a file that holds Python objects beyond tensors,
     NumPy arrays and plain data is refused without running any of it.
     """
-    from seed import checkpoint
+    from seed.learner import checkpoint
 
     if path:
         if not os.path.isfile(path):
@@ -123,7 +123,7 @@ def learner_config(saved: dict[str, Any], source: str) -> LearnerConfig:
     does not know are dropped with a warning, other agents' fields (saved by versions with one configuration
     for all agents) silently; fields the checkpoint lacks keep their defaults."""
     from seed.agents import registry
-    from seed.learner_main import learner_fields
+    from seed.learner.main import learner_fields
 
     try:
         config_class = learner_config_class(registry.agent_class(saved.get("agent", LearnerConfig.agent)))
@@ -438,10 +438,10 @@ def summary_line(report: dict[str, Any]) -> str:
 
 def log_to_wandb(options: EvalConfig, report: dict[str, Any]) -> None:
     """--wandb_project: the evaluation's settings, its summary numbers (eval/return_mean, ...) and the video in a
-    W&B run at the checkpoint's env frames. A W&B failure is one warning (seed/metrics_sinks.py), not an error:
+    W&B run at the checkpoint's env frames. A W&B failure is one warning (seed/metrics/sinks.py), not an error:
     the report is already written."""
-    from seed.metrics import MetricsWriter
-    from seed.metrics_sinks import SinkSettings
+    from seed.metrics.recording import MetricsWriter
+    from seed.metrics.sinks import SinkSettings
 
     logdir = options.logdir or os.path.dirname(os.path.abspath(options.checkpoint))
     wandb_flags = {"wandb_project": options.wandb_project, "wandb_entity": options.wandb_entity,

@@ -214,6 +214,30 @@ def test_compiled_search_stores_pytree_embeddings_as_numpy_does():
     assert (numba_out.tree.embeddings["scaled"][:, 1:] > 0).all()
 
 
+def test_compiled_searches_in_two_threads_give_the_sequential_trees():
+    """The compiled steps release the GIL; searches in two threads at once (as the learner's inference and
+    reanalysis threads run them) each keep to their own tree."""
+    import threading
+
+    configs = [SearchConfig(num_simulations=20, algorithm=algorithm, backend="numba") for algorithm in ("puct",
+                                                                                                        "gumbel")]
+    root = roots(6, 7, seed=5)
+    expected = [search_with("numba", root, hashed_model(7), config, None, seed=2) for config in configs]
+    results: list = [None, None]
+
+    def run(i: int) -> None:
+        results[i] = [search_with("numba", root, hashed_model(7), configs[i], None, seed=2) for _ in range(3)]
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    for i in range(2):
+        for out in results[i]:
+            assert_same_search(out, expected[i])
+
+
 # --- the small functions, one node at a time, on random trees --------------------------------------------------
 
 
@@ -389,9 +413,14 @@ def test_the_backend_flag_picks_the_loop(monkeypatch):
         assert len(calls) == expected, backend
     with pytest.raises(ValueError, match="SearchConfig.backend: got 'jax'"):
         SearchConfig(backend="jax")
-    with pytest.raises(ValueError, match="SearchConfig.backend: got 'numba' for tensors on cuda"):
-        search_package._compiled(SearchConfig(backend="numba"), torch.device("cuda"))
-    assert not search_package._compiled(SearchConfig(), torch.device("cuda"))
+    cpu, cuda = torch.device("cpu"), torch.device("cuda")
+    with pytest.raises(ValueError, match="SearchConfig.backend: got 'numba' for torch.float32 tensors on cuda"):
+        search_package._compiled(SearchConfig(backend="numba"), cuda, torch.float32)
+    with pytest.raises(ValueError, match="SearchConfig.backend: got 'numba' for torch.float16 tensors on cpu"):
+        search_package._compiled(SearchConfig(backend="numba"), cpu, torch.float16)
+    assert not search_package._compiled(SearchConfig(), cuda, torch.float32)
+    assert not search_package._compiled(SearchConfig(), cpu, torch.float16)  # auto: the numpy loop
+    assert search_package._compiled(SearchConfig(), cpu, torch.float64)
 
 
 def _imports(path: pathlib.Path) -> set[str]:

@@ -38,7 +38,7 @@ from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
 from seed.contracts.storage import torch_dtype
 from seed.envs.base import EnvSpec
-from seed.unroll import LossOutput, TrainingBatch, Unroll
+from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 
 # EfficientZero's Atari 100k configuration (efficientzero_facts.md, SpeedyZero Table 6) where this framework has
 # the setting. Not EfficientZero's: Adam instead of SGD 0.2 (the framework's optimizer), grayscale 84 x 84 frames
@@ -282,7 +282,8 @@ class MuZeroAgent(contract.Agent):
     @torch.no_grad()
     def priorities(self, unrolls: Unroll, network: MuZeroNetwork, target_network: MuZeroNetwork, version: int
                    ) -> torch.Tensor:
-        """Priority Refresh (seed/priority_refresh.py): the priorities float [B] that training on sequences [L, B]
+        """Priority Refresh (seed/experience/priority_refresh.py): the priorities float [B] that training on sequences
+        [L, B]
         with these networks would give them: |v - z| over the sequence's starts (v: `network`'s value at a start,
         z: the n-step target bootstrapped with `target_network`), combined as the loss combines them. `version`:
         the networks' parameter version, the train_steps the loss ran with (--td_age_updates shortens each step's

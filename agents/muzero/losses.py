@@ -37,7 +37,7 @@ from seed.agents.muzero.targets import (
     value_prefix_targets,
 )
 from seed.config import LearnerConfig
-from seed.unroll import LossOutput, TrainingBatch, Unroll
+from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 
 if TYPE_CHECKING:
     from seed.agents.muzero.agent import Agent

@@ -8,7 +8,7 @@ network, with the training envs' root noise (as EfficientZero's reanalysis: pUCT
 search adds none, its improved policy is built from the network's own logits). Value targets need no
 pass here: the loss bootstraps them from the target network at every update (agents/muzero/losses.py).
 
-Where it runs: inside the update (seed/training.py), so in the training process by default, or on the learner's
+Where it runs: inside the update (seed/training/update.py), so in the training process by default, or on the learner's
 training thread with --notraining_process; never on the inference thread. With --training_devices each rank
 reanalyses the sequences of its own share.
 
@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from seed.unroll import TrainingBatch, Unroll
+from seed.contracts.training import TrainingBatch, Unroll
 
 if TYPE_CHECKING:
     from seed.agents.muzero.agent import Agent

@@ -1,7 +1,8 @@
 """EfficientZero math, time-major [T, B]: the invertible value transform, categorical supports, n-step value
 targets with the off-policy correction, value-prefix targets, and the masks of a K-step unroll.
 
-Step semantics (docs/ARCHITECTURE.md, seed/unroll.py): the action at step t earns `reward[t + 1]`; `done[t + 1]`
+Step semantics (docs/ARCHITECTURE.md, seed/contracts/training.py): the action at step t earns `reward[t + 1]`; `done[t +
+1]`
 means the episode ended after that action (step t + 1 is the first step of the next episode); `truncated[t + 1]`
 means it ended by the time limit.
 """

@@ -18,7 +18,7 @@ from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
 from seed.envs.base import EnvSpec
-from seed.unroll import LossOutput, TrainingBatch, Unroll
+from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 
 SAMPLE_STEP = "sample_step"  # --deterministic: int64 per-env step counter keying the env's random stream
 
@@ -200,7 +200,8 @@ class PPOAgent(contract.Agent):
         Args:
           batch: unrolls [T + 1, B, ...] of one rollout, on the training device.
           update: the number of updates done before this one (the learner's train_steps).
-          shard: with data-parallel training (seed/data_parallel.py's Shard), this rank's part: each minibatch's
+          shard: with data-parallel training (seed/training/data_parallel.py's Shard), this rank's part: each
+          minibatch's
             columns are split over the ranks, its advantages normalised over the whole minibatch first, the
             gradients averaged before the clip. Logged losses are then this rank's share's.
         Returns the metrics averaged over the minibatch steps (plus `gradient_norm` with a clip).

@@ -26,7 +26,7 @@ from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
 from seed.envs.base import EnvSpec
-from seed.unroll import LossOutput, TrainingBatch, Unroll
+from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 
 # Paper Table 8 (SEED R2D2 on Atari-57), plus the network of appendix A.3.1.
 ATARI_TABLE_8 = dict(
@@ -241,7 +241,8 @@ class R2D2Agent(contract.Agent):
     @torch.no_grad()
     def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module, version: int
                    ) -> torch.Tensor:
-        """Priority Refresh (seed/priority_refresh.py): the priorities float [B] that training on sequences [L, B]
+        """Priority Refresh (seed/experience/priority_refresh.py): the priorities float [B] that training on sequences
+        [L, B]
         with these networks would give them (eta max|delta| + (1 - eta) mean|delta|, as `loss` returns). R2D2's
         do not depend on the parameters' `version`."""
         td, mask, _ = self.td_errors(unrolls, network, target_network)

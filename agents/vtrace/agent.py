@@ -16,7 +16,7 @@ from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
 from seed.envs.base import EnvSpec
-from seed.unroll import LossOutput, TrainingBatch
+from seed.contracts.training import LossOutput, TrainingBatch
 
 
 def default_config(env_family: str) -> dict[str, Any]:

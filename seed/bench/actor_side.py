@@ -37,15 +37,15 @@ import torch
 from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from seed.actor_stats import ActorStats
+from seed.actor.stats import ActorStats
 from seed.config import EnvOptions, LearnerConfig, explicit_flags
 from seed.contracts import InferenceBatch
 from seed.envs import make_batch, make_spec
 from seed.envs.base import EnvSpec
-from seed.experience import Prefetcher, UnrollQueue
-from seed.learner_main import define_learner_flags, learner_fields, resolve_config
-from seed.unroll import Unroll
-from seed.unroll_store import UnrollStore
+from seed.experience.training_batches import Prefetcher, UnrollQueue
+from seed.learner.main import define_learner_flags, learner_fields, resolve_config
+from seed.contracts.training import Unroll
+from seed.experience.unroll_store import UnrollStore
 
 SERVICE = "seed.ActorSide"
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
@@ -107,7 +107,7 @@ def _loss(agent: Any, unrolls: Unroll) -> torch.Tensor:
     """The agent's scalar loss on a time-major batch, whichever loss interface the agent has: `loss(unrolls)`
     returning (loss, metrics), or `loss(TrainingBatch(unrolls))` returning an object with `.loss`."""
     try:
-        from seed.unroll import TrainingBatch
+        from seed.contracts.training import TrainingBatch
     except ImportError:
         TrainingBatch = None  # noqa: N806
     out = agent.loss(unrolls if TrainingBatch is None else TrainingBatch(unrolls))
@@ -338,7 +338,7 @@ def run() -> None:
     define_learner_flags()
     flags.DEFINE_string("role", "learner", "learner or actor.")
     flags.DEFINE_integer("actor_index", 0, "Actor role: this actor's index (env ids [index*K, (index+1)*K)).")
-    flags.DEFINE_string("stats_file", "", "Actor role: JSON Lines stats file (see seed/actor_stats.py).")
+    flags.DEFINE_string("stats_file", "", "Actor role: JSON Lines stats file (see seed/actor/stats.py).")
     flags.DEFINE_float("stats_interval_s", 1.0, "Actor role: seconds between stats rows.")
     flags.DEFINE_integer("actor_torch_threads", 1, "Actor role: torch threads for local inference (IMPALA: 1 CPU).")
     app.run(main)

@@ -10,9 +10,9 @@ Across hosts (network namespaces, root): wire bytes per env frame and FPS with a
 added latency: `python -m seed.bench.network` (seed/bench/network.py, docs/performance/cpu/network/).
     seed-bench search --cpu=0 --out=bench_results/search.json    (the MuZero tree search: seed/bench/search_speed.py)
 
-A run starts the learner (`python -m seed.learner_main`) with the named configuration from the shipped
+A run starts the learner (`python -m seed.learner.main`) with the named configuration from the shipped
 seed/bench/configs.yaml or --bench_configs (flags typed here override it), waits until it serves (gRPC
-health check), starts `num_actors` actor processes that write stats files (seed/actor_stats.py), runs for `--duration_s`
+health check), starts `num_actors` actor processes that write stats files (seed/actor/stats.py), runs for `--duration_s`
 seconds from the moment every actor steps, and stops everything. Rates are taken over the window after the
 warm-up (`--warmup_s`, default 20% of the duration); seed/bench/measure.py says how each value is measured.
 Env frames/s are counted at the actors (the headline FPS) and at the learner; round-trip latency is measured
@@ -50,7 +50,7 @@ from seed.bench.measure import BenchError
 from seed.bench.results import BASELINES, SCHEMA, run_bench, summary_markdown, write_json
 from seed.bench.sweep import SWEEPS, sweep_plot, sweep_setups, sweep_table
 from seed.config import explicit_flags
-from seed.learner_main import define_learner_flags, learner_fields
+from seed.learner.main import define_learner_flags, learner_fields
 
 # ----------------------------------------------------------------------------------------------- main
 

@@ -1,6 +1,6 @@
 """Learning curves of learner logdirs: `seed-report --curves LOGDIR... [--out=DIR] [--metric=M] [--targets=a,b]`.
 
-Reads each logdir's `metrics.jsonl` (one row per log interval, see seed/metrics.py) and draws the metric
+Reads each logdir's `metrics.jsonl` (one row per log interval, see seed/metrics/recording.py) and draws the metric
 against env frames (agent steps x action repeat) and against the learner's wall-clock minutes, one PNG per env
 (`curves_<env>.png`), and writes `curves.md`: per run, the minutes and env frames until the metric first
 reached each target ("not reached" otherwise), the final value and the final env frames.
@@ -137,7 +137,7 @@ def read_config(logdir: str) -> dict[str, Any] | None:
     if os.path.isfile(path):
         with open(path) as f:
             return json.load(f)
-    from seed import checkpoint
+    from seed.learner import checkpoint
 
     if not os.path.isfile(checkpoint.checkpoint_path(logdir)):
         return None

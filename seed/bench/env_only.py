@@ -20,7 +20,7 @@ import threading
 
 from absl import app, flags
 
-from seed.actor_stats import ActorStats
+from seed.actor.stats import ActorStats
 from seed.bench.env_speed import step_randomly
 from seed.config import EnvOptions, build_config, define_flags, explicit_flags
 
@@ -53,7 +53,7 @@ def main(argv: list[str]) -> None:
 def run() -> None:
     define_flags(EnvOptions)  # the actors' env flags: the same envs as the framework's actors
     flags.DEFINE_integer("actor_index", 0, "This process's actor index: env ids [index*K, (index+1)*K).")
-    flags.DEFINE_string("stats_file", "", "JSON Lines stats file (seed/actor_stats.py).")
+    flags.DEFINE_string("stats_file", "", "JSON Lines stats file (seed/actor/stats.py).")
     flags.DEFINE_float("stats_interval_s", 1.0, "Seconds between stats rows.")
     app.run(main)
 

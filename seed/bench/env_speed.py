@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from seed.actor_stats import ActorStats
+from seed.actor.stats import ActorStats
 from seed.envs.base import EnvBatch
 
 WORKER_START_TIMEOUT_S = 300.0  # spawning, importing and building the envs, on top of --duration_s

@@ -73,14 +73,14 @@ def framework_job(setup: BenchSetup, run_dir: str, duration_s: float) -> Job:
     logdir = os.path.join(run_dir, "learner")
     if setup.switch_interval_ms > 0:  # an experiment knob: how much GIL hand-over latency costs the learner
         launcher = ["-c", f"import sys; sys.setswitchinterval({setup.switch_interval_ms / 1000.0}); "
-                          "from seed.learner_main import run; run()"]
+                          "from seed.learner.main import run; run()"]
     else:
-        launcher = ["-m", "seed.learner_main"]
+        launcher = ["-m", "seed.learner.main"]
     server = [sys.executable, *launcher, *as_flags(_learner_flags(setup, logdir, listen, _stats_interval(duration_s)))]
     actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
     env_flags = {k: v for k, v in env_values(setup.config).items() if k in actor_fields}
     stats = [os.path.join(run_dir, f"actor{i}.stats.jsonl") for i in range(setup.config.num_actors)]
-    actors = [[sys.executable, "-m", "seed.actor_main", f"--actor_index={i}", f"--server_address={dial}",
+    actors = [[sys.executable, "-m", "seed.actor.main", f"--actor_index={i}", f"--server_address={dial}",
                f"--stats_file={stats[i]}", f"--stats_interval_s={_stats_interval(duration_s)}",
                "--log_interval_s=1e9", *as_flags(env_flags)] for i in range(setup.config.num_actors)]
     return Job("framework", run_dir, dial, server, actors, stats, os.path.join(logdir, "metrics.jsonl"))
@@ -111,7 +111,7 @@ def transport_job(setup: BenchSetup, run_dir: str, duration_s: float) -> Job:
     server = [sys.executable, "-m", "seed.bench.transport_ceiling", f"--server_address={listen}",
               f"--num_actors={setup.config.num_actors}", *env_flags]
     stats = [os.path.join(run_dir, f"actor{i}.stats.jsonl") for i in range(setup.config.num_actors)]
-    actors = [[sys.executable, "-m", "seed.actor_main", f"--actor_index={i}", f"--server_address={dial}",
+    actors = [[sys.executable, "-m", "seed.actor.main", f"--actor_index={i}", f"--server_address={dial}",
                f"--stats_file={stats[i]}", f"--stats_interval_s={_stats_interval(duration_s)}",
                "--log_interval_s=1e9", *env_flags] for i in range(setup.config.num_actors)]
     return Job("transport", run_dir, dial, server, actors, stats, None)

@@ -1,7 +1,7 @@
 """Measuring one benchmark run (used by `seed-bench`): start a server process and actor processes, run them
 for a fixed time, and read what they did over the window after the warm-up.
 
-  env frames/s at the actors   each actor's cumulative stats rows (seed/actor_stats.py), interpolated at the
+  env frames/s at the actors   each actor's cumulative stats rows (seed/actor/stats.py), interpolated at the
                                window's ends, summed over actors
   env frames/s at the learner  two rows of the server's metrics.jsonl (the learner's own clock)
   round-trip latency           the actors' latency samples of the rows written in the window, weighted by the
@@ -84,7 +84,7 @@ def actor_window(rows: list[dict[str, Any]], start: float, end: float) -> dict[s
     start, end = max(start, rows[0]["time"]), min(end, rows[-1]["time"])
     counts = {key: _value_at(rows, key, end) - _value_at(rows, key, start)
               for key in ("agent_steps", "env_frames", "round_trips", "cpu_s")}
-    # Seconds blocked waiting for actions (seed/actor_stats.py); stats files from before it was recorded lack it.
+    # Seconds blocked waiting for actions (seed/actor/stats.py); stats files from before it was recorded lack it.
     counts["waited_s"] = (_value_at(rows, "waited_s", end) - _value_at(rows, "waited_s", start)
                           if all("waited_s" in r for r in rows) else None)
     samples, weights = [], []

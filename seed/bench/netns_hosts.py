@@ -5,7 +5,7 @@ Shared by the test fixture (tests/netns.py) and the soak tool's namespace mode (
 
     hosts = NetnsHosts("soak123", count=3, directory="/tmp/run")   # hosts 1..3: SUBNET.1..3
     hosts.create()
-    learner = hosts.run_on(1, [sys.executable, "-m", "seed.learner_main", ...], "learner")
+    learner = hosts.run_on(1, [sys.executable, "-m", "seed.learner.main", ...], "learner")
     hosts.link(2, "down")                                          # host 2's cable pulled at the switch
     hosts.destroy()                                                # every process, namespace, veth and nft table
 

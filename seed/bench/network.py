@@ -118,11 +118,11 @@ def measure_once(env: str, codec: str, rate: str, envs_per_actor: int, warmup_s:
             learner_address = f"{learner_ip}:{PORT + 1}"
         common = [f"--env={env}", f"--envs_per_actor={envs_per_actor}", "--atari_minimal_action_set=true",
                   f"--auth_token_file={token_file}"]
-        learner = [sys.executable, "-m", "seed.learner_main", *common, f"--logdir={logdir}",
+        learner = [sys.executable, "-m", "seed.learner.main", *common, f"--logdir={logdir}",
                    f"--server_address=0.0.0.0:{PORT}", "--num_actors=1", "--agent=vtrace", "--network=dqn_small",
                    "--use_lstm=false", "--batch_size=8", "--unroll_length=20", "--log_interval_s=1",
                    "--torch_threads=1", "--total_environment_frames=1e12", "--checkpoint_interval_s=3600"]
-        actor = [sys.executable, "-m", "seed.actor_main", *common, f"--server_address={learner_address}",
+        actor = [sys.executable, "-m", "seed.actor.main", *common, f"--server_address={learner_address}",
                  "--actor_index=0", f"--compression={codec}", "--log_interval_s=5",
                  f"--stats_file={stats}", "--stats_interval_s=0.2"]
         for host, command, log in (("1", learner, "learner.log"), ("2", actor, "actor.log")):

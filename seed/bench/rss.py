@@ -29,7 +29,7 @@ REPO = Path(__file__).resolve().parents[2]
 def _learner(launcher: psutil.Process) -> psutil.Process | None:
     for child in launcher.children(recursive=True):
         try:
-            if "seed.learner_main" in " ".join(child.cmdline()):
+            if "seed.learner.main" in " ".join(child.cmdline()):
                 return child
         except psutil.Error:
             continue

@@ -7,7 +7,8 @@ For every env in --envs (default CartPole and fake:atari, run concurrently) it s
                          pod would be) and SIGSTOP another one for --stop_s seconds, then SIGCONT;
   once, mid-run          SIGKILL the learner (in place of that slot's actor faults) and restart it on its logdir;
   once, the slot after   the restarted learner's experience sink raises (the test-only hook
-                         SEED_FAULT_SINK_RAISE_AFTER_S, seed/supervisor.py): the learner must exit non-zero
+                         SEED_FAULT_SINK_RAISE_AFTER_S, seed/learner/supervised_thread.py): the learner must exit
+                         non-zero
                          with the traceback in its log within seconds; the soak then restarts it at once on its
                          logdir, as launch/local.sh does with a learner that exits non-zero.
 
@@ -38,7 +39,7 @@ from typing import Any
 from absl import app, flags
 
 from seed.bench import soak_analysis as analysis
-from seed.supervisor import SINK_FAULT_ENV
+from seed.learner.supervised_thread import SINK_FAULT_ENV
 
 ENV_FLAGS = {  # per env: learner and actor flags light enough for a 2-core machine
     "gym:CartPole-v1": {"torch_threads": 1},
@@ -134,7 +135,7 @@ class SoakRun:
         self.learner_number += 1
         extra = [f"--{k}={v}" for k, v in self.extra.items()]
         self.learner = self._spawn(
-            ["-m", "seed.learner_main", *self._env_flags(), "--agent=vtrace", f"--logdir={self.logdir}",
+            ["-m", "seed.learner.main", *self._env_flags(), "--agent=vtrace", f"--logdir={self.logdir}",
              f"--server_address={self.address}", f"--num_actors={self.options.num_actors}",
              f"--checkpoint_interval_s={self.options.checkpoint_interval_s}",
              f"--log_interval_s={self.options.log_interval_s}", "--total_environment_frames=1e12", *extra],
@@ -143,7 +144,7 @@ class SoakRun:
 
     def start_actor(self, index: int) -> None:
         self.actors[index] = self._spawn(
-            ["-m", "seed.actor_main", *self._env_flags(), f"--actor_index={index}",
+            ["-m", "seed.actor.main", *self._env_flags(), f"--actor_index={index}",
              f"--server_address={self.address}", "--reconnect_max_backoff_s=1", "--log_interval_s=1e9"],
             f"actor{index}.log")
         self.actor_expected_exit.discard(index)

@@ -47,7 +47,7 @@ PORT = 8686
 TOKEN = "seed-soak-netns-token-0123456789"
 KINDS = ("partition", "loss", "poweroff", "learner")
 ENV_FLAGS = {"fake:vector": {"fake_episode_length": 20}}  # per env, given to the learner and the actors
-PROGRESS = "env_frames/s="  # the actor's progress line (seed/actor.py), printed only while steps go through
+PROGRESS = "env_frames/s="  # the actor's progress line (seed/actor/loop.py), printed only while steps go through
 RESUMED = re.compile(r"resumed from (\S+): env_frames=([\d,]+) train_steps=([\d,]+)")
 TARGETS_S = {"partition": 5.0, "loss": 5.0, "poweroff": 5.0, "learner": 30.0}  # recovery p95 bounds
 
@@ -160,7 +160,7 @@ class NetnsSoak:
         self.learner_number += 1
         name = f"learner.{self.learner_number}"
         self.learner = self.hosts.run_on(1, [
-            sys.executable, "-m", "seed.learner_main", *self._env_flags(), "--agent=vtrace",
+            sys.executable, "-m", "seed.learner.main", *self._env_flags(), "--agent=vtrace",
             f"--logdir={self.logdir}", f"--server_address=0.0.0.0:{PORT}", f"--num_actors={self.num_actors}",
             f"--checkpoint_interval_s={o.checkpoint_interval_s}", f"--log_interval_s={o.log_interval_s}",
             "--total_environment_frames=1e12", "--torch_threads=1", f"--seed={o.seed}"], name)
@@ -170,7 +170,7 @@ class NetnsSoak:
     def start_actor(self, index: int) -> None:
         self.actor_starts[index] = self.actor_starts.get(index, 0) + 1
         process = self.hosts.run_on(self.host_of(index), [
-            sys.executable, "-m", "seed.actor_main", *self._env_flags(), f"--actor_index={index}",
+            sys.executable, "-m", "seed.actor.main", *self._env_flags(), f"--actor_index={index}",
             f"--server_address={self.hosts.addr(1)}:{PORT}", "--reconnect_max_backoff_s=1",
             f"--log_interval_s={self.options.actor_log_interval_s}", f"--seed={self.options.seed}"],
             f"actor{index}.{self.actor_starts[index]}")
@@ -290,7 +290,7 @@ class NetnsSoak:
         return fault
 
     def _newest_checkpoint(self) -> dict[str, Any] | None:
-        from seed import checkpoint  # torch: imported by run() before the first fault, not while a learner is down
+        from seed.learner import checkpoint  # torch: imported by run() before the first fault, not while a learner is down
 
         latest = checkpoint.latest(self.logdir)
         if latest is None:
@@ -320,7 +320,7 @@ class NetnsSoak:
         os.makedirs(self.directory, exist_ok=True)
         with open(self.token_file, "w") as f:
             f.write(TOKEN + "\n")
-        import seed.checkpoint  # noqa: F401 - torch's import (seconds on a busy machine) kept out of the learner fault
+        import seed.learner.checkpoint  # noqa: F401 - torch's import (seconds on a busy machine) kept out of the learner fault
 
         try:  # the hosts are removed from their first namespace on (a SIGKILL: by NetnsHosts's reaper)
             self.hosts.create()

@@ -24,7 +24,7 @@ import numpy as np
 from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from seed import wire
+from seed.transport import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.config import EnvOptions, build_config, define_flags, explicit_flags
 from seed.envs import make_spec

@@ -3,7 +3,8 @@
   inference.py  State, InferenceBatch, ActOutput, FinishedEpisodes: inference <-> `agent.act`, the learner
   agent.py      Agent (every member the framework calls), AgentConfig, UpdateStep, UpdateOutput
 
-The training side's records (Unroll, TrainingBatch, LossOutput) live in seed/unroll.py. Nothing here imports a
+The training side's records (Unroll, TrainingBatch, LossOutput) live in seed/contracts/training.py. Nothing here imports
+a
 part of seed that imports it back.
 """
 

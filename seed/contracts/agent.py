@@ -46,14 +46,14 @@ import torch
 from torch import nn
 
 from seed.contracts.inference import ActOutput, InferenceBatch, State
-from seed.unroll import LossOutput, TrainingBatch, Unroll
+from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 
 if TYPE_CHECKING:
     from seed.envs.base import EnvSpec
 
 
 class GradientShard(Protocol):
-    """One rank's part of a data-parallel update (seed/data_parallel.py's Shard): what `Agent.update` uses."""
+    """One rank's part of a data-parallel update (seed/training/data_parallel.py's Shard): what `Agent.update` uses."""
 
     world: int
 

@@ -3,12 +3,12 @@ inference reports to the learner. Producers and consumers import them from here;
 part of seed, so no two modules need to import each other for a type.
 
   State             the agent's per-env state: inference's state table <-> `agent.act`, unroll store
-  InferenceBatch    inference (seed/inference.py, seed/policy.py) -> `agent.act`
+  InferenceBatch    inference (seed/inference/central.py, seed/inference/forward_pass.py) -> `agent.act`
   ActOutput         `agent.act` -> inference
   FinishedEpisodes  inference -> the learner's metrics
 
 The contracts of the training side (Unroll, TrainingBatch, LossOutput: unroll store -> queue or replay ->
-`agent.loss`) live in seed/unroll.py, which likewise holds nothing but those records.
+`agent.loss`) live in seed/contracts/training.py, which likewise holds nothing but those records.
 """
 
 from __future__ import annotations

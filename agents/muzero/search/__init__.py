@@ -178,7 +178,7 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
     dtype, device = root.value.dtype, root.value.device
     simulations = config.num_simulations
     n = simulations + 1
-    compiled = _compiled(config, device)
+    compiled = _compiled(config, device, dtype)
     # The loop below runs on tree.arrays: numpy views on the CPU, the tensors elsewhere (see tree.py).
     host = device.type == "cpu" and (NUMPY_ON_CPU or compiled)
     tree = new_tree(b, n, a, root.embedding, dtype, device, host)
@@ -229,12 +229,14 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
                         visit_counts=visit_counts, tree=finish(tree))
 
 
-def _compiled(config: SearchConfig, device: torch.device) -> bool:
-    """Whether the search runs the compiled loop (compiled.py): config.backend "numba", or "auto" on the CPU."""
-    if config.backend == "numba" and device.type != "cpu":
-        raise ValueError(f"SearchConfig.backend: got 'numba' for tensors on {device}, expected 'auto' or 'numpy' "
-                         "(the compiled search runs on the CPU only)")
-    return config.backend == "numba" or (config.backend == "auto" and device.type == "cpu")
+def _compiled(config: SearchConfig, device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether the search runs the compiled loop (compiled.py): config.backend "numba", or "auto" for float32 or
+    float64 trees on the CPU."""
+    supported = device.type == "cpu" and dtype in (torch.float32, torch.float64)
+    if config.backend == "numba" and not supported:
+        raise ValueError(f"SearchConfig.backend: got 'numba' for {dtype} tensors on {device}, expected 'auto' or "
+                         "'numpy' (the compiled search runs on the CPU, in float32 or float64)")
+    return config.backend == "numba" or (config.backend == "auto" and supported)
 
 
 def _reference_loop(tree: Tree, recurrent_fn: RecurrentFn, config: SearchConfig, host: bool,

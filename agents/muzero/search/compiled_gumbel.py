@@ -126,7 +126,7 @@ def gumbel_descend(node: np.ndarray, edge: np.ndarray, child_row: np.ndarray, nu
         actions[b] = action
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)
 def gumbel_step(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, child_row: np.ndarray,
                 num_nodes: int, min_q: np.ndarray, max_q: np.ndarray, gumbel_logits: np.ndarray,
                 considered_visits: np.ndarray, root_invalid: np.ndarray, params: np.ndarray,

@@ -76,7 +76,7 @@ def puct_descend(node: np.ndarray, edge: np.ndarray, child_row: np.ndarray, num_
         actions[b] = action
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)
 def puct_step(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, child_row: np.ndarray, num_nodes: int,
               min_q: np.ndarray, max_q: np.ndarray, root_invalid: np.ndarray, terms: np.ndarray,
               leaf_parents: np.ndarray, leaf_actions: np.ndarray, k: int, reward: np.ndarray,

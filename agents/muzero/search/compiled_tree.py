@@ -14,7 +14,9 @@ float64 trees the numbers are the numpy search's, bit for bit. The prior's softm
 search calls torch's), so a prior may differ from it in the last bit.
 
 Every compiled function of the search uses error_model="numpy": a division by zero gives inf or nan instead of
-raising, so the loops carry no exception branch and LLVM vectorises them (the searches never divide by zero).
+raising, so the loops carry no exception branch and LLVM vectorises them (the searches never divide by zero). The
+functions called from Python (the steps, tree_indices) release the GIL: a search's arrays are its own, so a search
+in another thread (the learner's inference and reanalysis threads) runs meanwhile.
 """
 
 from __future__ import annotations
@@ -123,7 +125,7 @@ def backup_leaves(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, nu
             row = parent
 
 
-@njit(cache=True, error_model="numpy")
+@njit(cache=True, error_model="numpy", nogil=True)
 def tree_indices(node: np.ndarray, node_index: np.ndarray, child_row: np.ndarray, num_nodes: int,
                  children_index: np.ndarray, parent: np.ndarray, action: np.ndarray) -> None:
     """tree.finished_tree's index fields, written into children_index [B, N, A] (the child's node index, -1 while

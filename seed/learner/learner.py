@@ -9,15 +9,15 @@ Processes and threads:
   prefetcher            stacks unrolls into time-major batches and moves them to the training device.
   main thread           training loop: loss, optimizer step, publish parameters, metrics, checkpoints;
                         restarts the serving process if it dies; ends the learner if a helper thread dies
-                        (seed/supervisor.py).
-With --training_process the optimizer steps run in a spawned process instead (seed/training_process.py): a
+                        (seed/learner/supervised_thread.py).
+With --training_process the optimizer steps run in a spawned process instead (seed/training/process.py): a
 feeder thread hands it the prefetched batches, and the main thread publishes the parameters and records the
 metrics of each update it reports, checkpoints, and ends the learner if that process dies.
 
-`Learner` is the facade over three parts with one job each: seed/learner_builder.py builds and wires every part
-from the configuration, seed/training_loop.py trains (the main thread's loop), and seed/learner_supervision.py
-starts, watches and stops the threads and processes. seed/learner_checkpoint.py writes and resumes checkpoints,
-seed/learner_metrics.py records episodes and writes the periodic metrics row.
+`Learner` is the facade over three parts with one job each: seed/learner/builder.py builds and wires every part
+from the configuration, seed/learner/training_loop.py trains (the main thread's loop), and seed/learner/supervision.py
+starts, watches and stops the threads and processes. seed/learner/checkpointing.py writes and resumes checkpoints,
+seed/metrics/episodes.py records episodes and writes the periodic metrics row.
 """
 
 from __future__ import annotations
@@ -31,18 +31,18 @@ import torch
 
 from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
-from seed.learner_builder import build_learner
-from seed.learner_metrics import PeriodicLogger, metrics_row, run_summary
-from seed.supervisor import ThreadDied
+from seed.learner.builder import build_learner
+from seed.metrics.episodes import PeriodicLogger, metrics_row, run_summary
+from seed.learner.supervised_thread import ThreadDied
 from seed.transport import TransportSecurity
 
 
 class Learner:
-    """Builds every part from a resolved LearnerConfig (seed/learner_builder.py); `run()` trains until done or
+    """Builds every part from a resolved LearnerConfig (seed/learner/builder.py); `run()` trains until done or
     stopped.
 
     `security` (TLS, token) is what the serving process listens with; None builds it from `config`'s flags.
-    The parts are handed out, not mirrored: `parts` (seed/learner_builder.py's `LearnerParts`: `agent`,
+    The parts are handed out, not mirrored: `parts` (seed/learner/builder.py's `LearnerParts`: `agent`,
     `optimizer`, `metrics`, `experience`, `sink`, `channels.slab`, `inferences`, `batchers`, `training_process`,
     `serving`, `writer`, `training_loop` and `supervision`, ...) for tests and library use.
     """
@@ -69,7 +69,7 @@ class Learner:
         self.parts.stop_event.set()
 
     def checkpoint(self, with_experience: bool = True) -> None:
-        """Writes the next rotated checkpoint (seed/checkpoint.py) and, if `with_experience`, the replay."""
+        """Writes the next rotated checkpoint (seed/learner/checkpoint.py) and, if `with_experience`, the replay."""
         self.parts.training_loop.checkpoint(with_experience)
 
     def train_step(self) -> bool:

@@ -1,7 +1,8 @@
 """`seed-actor`: one actor process running `--envs_per_actor` envs against the learner.
 
     seed-actor --server_address=unix:logs/run/learner.sock --actor_index=0 --env=gym:CartPole-v1
-    seed-actor ... --envs_per_actor=16 --env_groups=2   # two groups of 8 envs, stepped in turn (seed/actor_groups.py)
+    seed-actor ... --envs_per_actor=16 --env_groups=2   # two groups of 8 envs, stepped in turn
+    (seed/actor/env_groups.py)
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ def main(argv: list[str]) -> None:
     if config.env_groups_error():
         print(f"seed-actor: {config.env_groups_error()}", file=sys.stderr)
         sys.exit(2)
-    from seed.actor import ConfigurationError, SupersededError
-    from seed.actor_groups import make_actor
+    from seed.actor.loop import ConfigurationError, SupersededError
+    from seed.actor.env_groups import make_actor
     from seed.transport import TransportConfigError
 
     try:

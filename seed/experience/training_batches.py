@@ -5,7 +5,7 @@ the inference thread, which stalls the actors: back-pressure that bounds the pol
 stacks `batch_size` unrolls time-major ([T + 1, B, ...]) on its own thread, pins them when the training
 device is a GPU and copies them there ahead of use.
 
-R2D2 inserts unrolls into the central prioritized replay (seed/replay.py) with initial priorities computed
+R2D2 inserts unrolls into the central prioritized replay (seed/experience/replay.py) with initial priorities computed
 by the agent, leaves out eval envs, samples by priority and writes back the priorities the loss computed.
 
 Both expose the same interface to the learner: `sink(unrolls)` on the inference thread, and `next_batch`,
@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from seed import checkpoint
-from seed.replay import PrioritizedReplay
-from seed.supervisor import SupervisedThread
-from seed.unroll import TrainingBatch, Unroll
+from seed.learner import checkpoint
+from seed.experience.replay import PrioritizedReplay
+from seed.learner.supervised_thread import SupervisedThread
+from seed.contracts.training import TrainingBatch, Unroll
 
 
 def _put_until_stopped(target: queue.Queue, item: object, stop: threading.Event) -> None:
@@ -137,7 +137,7 @@ class Prefetcher:
                     raise RuntimeError(
                         f"HTS batch: got a second unroll of env {env_id} with {len(pending)} of {self._batch_size} "
                         f"unrolls collected (env ids {sorted(envs)}), expected one unroll of every training env "
-                        "per batch (a rollout lost unrolls: see seed/sync_gate.py)")
+                        "per batch (a rollout lost unrolls: see seed/inference/rollout_gate.py)")
                 envs.add(env_id)
             pending.append(unroll)
             if len(pending) < self._batch_size:
@@ -252,7 +252,7 @@ class ReplayExperience:
         return self.replay.stats()
 
     def save(self, logdir: str) -> None:
-        """Writes the replay to `replay.pt` by the checkpoints' rules (seed/checkpoint.py): a temporary file,
+        """Writes the replay to `replay.pt` by the checkpoints' rules (seed/learner/checkpoint.py): a temporary file,
         fsynced, renamed over `replay.pt` once the file it replaces is kept as `replay.previous.pt`, then the
         logdir fsynced. Inserts wait while the state is written (`frozen_state`), not during the fsync."""
         if not self.checkpoint:

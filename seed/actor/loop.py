@@ -11,9 +11,9 @@ how a restarted actor replaces its dead predecessor); if this actor is still ali
 cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
 call's metadata (seed/transport/). With --transport=shm (or auto, the default, when --server_address is a unix
 socket and the learner offers it) the actor attaches to the learner's step slab instead and its steps skip
-protobuf and gRPC (seed/shm_actor_link.py); handshake, token, superseded runs and reconnection are the same.
+protobuf and gRPC (seed/actor/shm_link.py); handshake, token, superseded runs and reconnection are the same.
 With --compression=lz4 over TCP the actor asks for lz4 in its handshake and, if the learner grants it,
-compresses every step's observations (seed/compression.py); on a unix socket it sends them raw.
+compresses every step's observations (seed/transport/compression.py); on a unix socket it sends them raw.
 """
 
 from __future__ import annotations
@@ -28,14 +28,14 @@ from collections.abc import Callable, Iterator
 import grpc
 import numpy as np
 
-from seed import compression, wire
+from seed.transport import compression, wire
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor_stats import ActorStats
+from seed.actor.stats import ActorStats
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch
 from seed.serving.shm_protocol import handover_path
-from seed.shm_actor_link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
+from seed.actor.shm_link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
 from seed.transport import TransportConfigError, TransportSecurity, open_channel
 from seed.transport.channel import unix_listener_problem
 
@@ -109,7 +109,8 @@ def granted_compression(config: ActorConfig, asked: str, reply: seed_pb2.Handsha
 
 
 def step_message(step: BatchStep, codec: str = compression.NONE) -> seed_pb2.ActorMessage:
-    """The StepBatch message of K envs' step: frames [K, *obs] (compressed with `codec`, see seed/compression.py),
+    """The StepBatch message of K envs' step: frames [K, *obs] (compressed with `codec`, see
+    seed/transport/compression.py),
     rewards as float32, done/truncated flags [K], the episodes that ended, and the send time (unix seconds)."""
     return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
         observation=compression.encode_tensor(step.observation, codec),
@@ -166,11 +167,11 @@ class Actor:
         self._stream: _Stream | None = None
 
     def _make_envs(self) -> EnvBatch:
-        """The K envs, env ids [actor_index * K, (actor_index + 1) * K). Env groups: seed/actor_groups.py."""
+        """The K envs, env ids [actor_index * K, (actor_index + 1) * K). Env groups: seed/actor/env_groups.py."""
         config = self.config
         if config.env_groups != 1:
-            raise ValueError(f"--env_groups: got {config.env_groups}, expected 1 for seed.actor.Actor; "
-                             "seed.actor_groups.make_actor builds the actor of any --env_groups")
+            raise ValueError(f"--env_groups: got {config.env_groups}, expected 1 for seed.actor.loop.Actor; "
+                             "seed.actor.env_groups.make_actor builds the actor of any --env_groups")
         return make_batch(config.env, config.envs_per_actor, config.actor_index * config.envs_per_actor,
                           config.env_options())
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 import lz4.block
 import numpy as np
 
-from seed import wire
+from seed.transport import wire
 from seed._proto import seed_pb2
 
 NONE, LZ4 = "none", "lz4"

@@ -1,6 +1,6 @@
 """--training_devices: data-parallel training, one training process (a rank) per device under torch.distributed.
 
-    learner ("batch", slot) --> rank 0 (the training process, seed/training_process.py) --("batch", slot)--> rank k
+    learner ("batch", slot) --> rank 0 (the training process, seed/training/process.py) --("batch", slot)--> rank k
                                   |  every rank reads the whole slot (shared memory) and trains on its own
                                   |  1/N of the batch's columns (the B dimension of time-major [T, B] tensors)
                                   +--- gradients: one flattened all_reduce (sum / N) after each backward ---+
@@ -31,7 +31,7 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from seed.unroll import TrainingBatch, Unroll
+from seed.contracts.training import TrainingBatch, Unroll
 
 SYNC_CHECK_EVERY = 100  # updates between checks that every rank holds the same parameters
 

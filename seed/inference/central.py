@@ -22,15 +22,15 @@ import torch
 
 from seed.contracts import FinishedEpisodes, InferenceBatch
 from seed.contracts.storage import to_torch
-from seed.parameters import ParameterPublisher
-from seed.policy import EagerPolicy, GraphedPolicy
+from seed.inference.parameter_publisher import ParameterPublisher
+from seed.inference.forward_pass import EagerPolicy, GraphedPolicy
 from seed.serving.notify import RequestBatcher
 from seed.serving.slab import REPLY_FAILED, REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
-from seed.state_table import StateTable
-from seed.sync_gate import RolloutGate
-from seed.unroll import Unroll
-from seed.unroll_store import UnrollStore
-from seed.wire import WireError, check_step_values, invalid_step_values
+from seed.inference.state_table import StateTable
+from seed.inference.rollout_gate import RolloutGate
+from seed.contracts.training import Unroll
+from seed.experience.unroll_store import UnrollStore
+from seed.transport.wire import WireError, check_step_values, invalid_step_values
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ class InferenceModel:
     policy_version: the version of `network`'s parameters (the learner's train_steps); every step records the
       version it was acted with (step field `policy_version`).
     cuda_graphs: replay the policy as CUDA graphs (GPU only).
-    row_by_row: run the policy one env row at a time (`--deterministic`, see seed/policy.py).
+    row_by_row: run the policy one env row at a time (`--deterministic`, see seed/inference/forward_pass.py).
     """
 
     agent: Any
@@ -57,7 +57,8 @@ class InferenceModel:
 
 @dataclasses.dataclass(frozen=True)
 class UnrollLayout:
-    """The unrolls the per-env unroll store cuts: `burn_in + unroll_length + 1` steps each (seed/unroll_store.py)."""
+    """The unrolls the per-env unroll store cuts: `burn_in + unroll_length + 1` steps each
+    (seed/experience/unroll_store.py)."""
 
     unroll_length: int
     burn_in: int = 0
@@ -104,7 +105,8 @@ class _Requests:
 
 
 class _GateBookkeeping:
-    """Every call a batch makes on the `--sync=hts` rollout gate (seed/sync_gate.py), and what happens instead
+    """Every call a batch makes on the `--sync=hts` rollout gate (seed/inference/rollout_gate.py), and what happens
+    instead
     without one (`gate` None): which requests are served, which parameters a batch acts with, which rollout a
     served step completes, and the rollouts played again when their steps were lost. (Opening the sync point is
     `CentralInference.release_held`.)"""
@@ -148,7 +150,7 @@ class CentralInference:
       outputs: replies, completed unrolls, finished episodes and timings (`InferenceOutputs`); kept as the
         attributes `reply`, `sink`, `on_episodes`, `on_batch`, `on_timing`.
       rollout_gate: `--sync=hts`: holds actors at rollout boundaries and applies new parameters only there
-        (seed/sync_gate.py); None applies every published version before the next batch.
+        (seed/inference/rollout_gate.py); None applies every published version before the next batch.
     """
 
     def __init__(self, model: InferenceModel, slab: StepSlab, unrolls: UnrollLayout, outputs: InferenceOutputs,

@@ -17,7 +17,7 @@ a reader takes the rate over any interval from two rows:
   latency_count  int     round trips in this row's window
   waited_s       float   seconds the actor sat blocked waiting for actions (cumulative); with one env group
                          every round trip is waited out whole, with --env_groups only what the other groups'
-                         stepping did not hide (seed/actor_groups.py); env_only baseline: 0
+                         stepping did not hide (seed/actor/env_groups.py); env_only baseline: 0
   final          bool
 """
 

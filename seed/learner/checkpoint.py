@@ -137,7 +137,7 @@ def latest(logdir: str) -> tuple[str, dict[str, Any]] | None:
 
     A checkpoint that fails to load (`read`: corrupt, or refused as unsafe) is skipped with a warning naming it
     and the error; the previous one is tried next. The state is on the CPU: {"agent", "optimizer", "counters",
-    "seed", "rng", "config"} as `seed.learner.Learner.checkpoint` writes it."""
+    "seed", "rng", "config"} as `seed.learner.learner.Learner.checkpoint` writes it."""
     for path in reversed(checkpoint_paths(logdir)):
         try:
             return path, read(path)

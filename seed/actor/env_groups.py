@@ -6,7 +6,7 @@ into G groups of K / G, and each group is its own stream to the learner, so the 
 K / G envs. The actor cycles through the groups: it waits for group g's actions, steps group g's envs, sends
 their step and goes on to group g + 1, whose actions were being computed while group g stepped. The envs wait
 only for the part of a round trip that stepping the other G - 1 groups does not cover; `waited_s` in the
-actor's stats file (seed/actor_stats.py) measures that part.
+actor's stats file (seed/actor/stats.py) measures that part.
 
 Layout. Group g of actor i is the learner's actor stream s = i * G + g, with envs_per_stream = K / G envs and
 env ids [i * K + g * K / G, i * K + (g + 1) * K / G): the same env ids, seeds and episode streams as with one
@@ -14,7 +14,7 @@ group. The learner creates one slab slot per stream (num_actors x G, LearnerConf
 needs the same --env_groups as its actors; a mismatch is refused at the handshake (num_envs differs).
 
 Connections. The G streams share one channel and live and die together: any stream's failure ends the
-connection, the actor reconnects all of them with new run ids (seed/actor.py's backoff), and every group's
+connection, the actor reconnects all of them with new run ids (seed/actor/loop.py's backoff), and every group's
 envs restart their episodes. A newer actor run that takes this actor's index supersedes every group's stream;
 the first one told (`wire.SUPERSEDED`) ends the actor with a SupersededError naming its index and group.
 """
@@ -29,9 +29,9 @@ import time
 import grpc
 import numpy as np
 
-from seed import wire
+from seed.transport import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor import Actor, ConfigurationError, SupersededError, _Stream, granted_compression, step_message
+from seed.actor.loop import Actor, ConfigurationError, SupersededError, _Stream, granted_compression, step_message
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch, EnvSpec
