@@ -82,8 +82,8 @@ setup(
         "tensorboard",
         "matplotlib",
         "pyyaml",  # seed-bench configurations and seed-report price tables
-        "psutil",  # MemAvailable for the R2D2 replay size check (seed/replay.py)
-        "lz4",  # --compression=lz4 of remote actors (seed/compression.py, imported by every actor)
+        "psutil",  # MemAvailable for the R2D2 replay size check (seed/experience/replay.py)
+        "lz4",  # --compression=lz4 of remote actors (seed/transport/compression.py, imported by every actor)
         "numba",  # the compiled MuZero search on the CPU (agents/muzero/search/compiled_*.py)
     ],
     extras_require={
@@ -94,13 +94,13 @@ setup(
         # seed-eval --video: imageio writes the frames, imageio-ffmpeg ships an ffmpeg binary for MP4, pygame
         # draws gymnasium's classic-control screens (CartPole's rgb_array render).
         "video": ["imageio", "imageio-ffmpeg", "pygame"],
-        "wandb": ["wandb"],  # --wandb_project: the Weights & Biases metrics sink (seed/wandb_sink.py)
+        "wandb": ["wandb"],  # --wandb_project: the Weights & Biases metrics sink (seed/metrics/wandb_sink.py)
         "test": ["pytest", "ruff", "pyyaml", "kubernetes-validate==1.37.0", "cryptography"],
     },
     entry_points={
         "console_scripts": [
-            "seed-learner=seed.learner_main:run",
-            "seed-actor=seed.actor_main:run",
+            "seed-learner=seed.learner.main:run",
+            "seed-actor=seed.actor.main:run",
             "seed-bench=seed.bench.cli:run",
             "seed-report=seed.bench.report:run",
             "seed-eval=seed.evaluate:run",

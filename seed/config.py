@@ -124,7 +124,8 @@ class ReplayOptions:
     priority_refresh_interval_s: float = option(0.0, "Priority Refresh (SpeedyZero): seconds between the starts of "
                                                      "two sweeps that recompute every replay item's priority with "
                                                      "the latest network, on a thread of the learner "
-                                                     "(seed/experience/priority_refresh.py); 0 = off. Agents with a replay.")
+                                                     "(seed/experience/priority_refresh.py); 0 = off. Agents "
+                                                     "with a replay.")
     priority_refresh_batch_size: int = option(0, "Priority Refresh: replay items per forward pass; 0 = batch_size.")
     checkpoint_replay: bool = option(False, "Save the replay with each checkpoint (can be many GB).")
 
@@ -191,7 +192,8 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                                      "longer than this and 10x the slowest update so far (the "
                                                      "first update: 5x this).")
     keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
-                                           "reuse instead of mmap/munmap per training step (seed/learner/host_memory.py).")
+                                           "reuse instead of mmap/munmap per training step "
+                                           "(seed/learner/host_memory.py).")
     # Optimisation (shared).
     batch_size: int = _field(32, "Unrolls per training batch.")
     unroll_length: int = _field(100, "Trained steps per unroll (each unroll stores burn_in + unroll_length + 1 steps).")

@@ -22,9 +22,9 @@ import time
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from seed.actor_main import SUPERSEDED_EXIT_CODE
+from seed.actor.main import SUPERSEDED_EXIT_CODE
 from seed.config import ActorConfig
-from seed.learner_main import learner_fields as all_learner_fields
+from seed.learner.main import learner_fields as all_learner_fields
 from seed.transport import CHANNEL_OPTIONS
 
 MAX_ACTOR_RESTARTS = 20
@@ -90,7 +90,7 @@ def stop_all(processes: list[subprocess.Popen], timeout_s: float = 30.0) -> None
 
 
 def main(argv: list[str]) -> int:
-    from seed.learner_main import resolve_config
+    from seed.learner.main import resolve_config
 
     flags = parse_flags(argv)
     learner_fields = set(all_learner_fields())
@@ -116,13 +116,13 @@ def main(argv: list[str]) -> int:
     flags["server_address"] = config.server_address
     os.makedirs(config.logdir, exist_ok=True)
 
-    learner_cmd = [sys.executable, "-m", "seed.learner_main"] + [f"--{k}={v}" for k, v in flags.items()]
+    learner_cmd = [sys.executable, "-m", "seed.learner.main"] + [f"--{k}={v}" for k, v in flags.items()]
     actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
     address = actor_address(config.server_address)
     actor_flags = [f"--{k}={v}" for k, v in flags.items() if k in actor_fields and k != "server_address"]
 
     def start_actor(index: int) -> subprocess.Popen:
-        return subprocess.Popen([sys.executable, "-m", "seed.actor_main", f"--actor_index={index}",
+        return subprocess.Popen([sys.executable, "-m", "seed.actor.main", f"--actor_index={index}",
                                  f"--server_address={address}", *actor_flags])
 
     stopping = False

@@ -40,10 +40,10 @@ class Processes:
         return process
 
     def learner(self, args: list[str], name: str = "learner") -> subprocess.Popen:
-        return self.start("seed.learner_main", args, name)
+        return self.start("seed.learner.main", args, name)
 
     def actor(self, args: list[str], name: str) -> subprocess.Popen:
-        return self.start("seed.actor_main", args, name)
+        return self.start("seed.actor.main", args, name)
 
     def output(self, process: subprocess.Popen) -> str:
         with open(process.log_path, errors="replace") as f:  # type: ignore[attr-defined]
@@ -98,7 +98,7 @@ def assert_resumed(output: str, logdir: str, saved: tuple[str, dict], rows_befor
 def assert_optimizer_continued(logdir: str) -> None:
     """In the newest checkpoint, Adam's step count equals the learner's train steps: true across a resume only
     if the optimizer's state (step count and moments) was restored rather than started afresh."""
-    from seed import checkpoint
+    from seed.learner import checkpoint
 
     path, state = checkpoint.latest(logdir)
     steps = {int(moments["step"]) for moments in state["optimizer"]["state"].values()}

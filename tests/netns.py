@@ -99,7 +99,7 @@ class RemoteRun:
                       checkpoint_interval_s=3600, total_environment_frames=int(1e12), torch_threads=1,
                       fake_episode_length=20)
         values.update(flags)
-        return self.hosts.run_on(1, seed_command("seed-learner", "seed.learner_main") +
+        return self.hosts.run_on(1, seed_command("seed-learner", "seed.learner.main") +
                                  [f"--{k}={v}" for k, v in values.items()], name)
 
     def start_actor(self, host: int, index: int, name: str = "", **flags) -> subprocess.Popen:
@@ -108,7 +108,7 @@ class RemoteRun:
                       tls_cert=self.pki.client_cert, tls_key=self.pki.client_key, tls_ca=self.pki.ca,
                       tls_server_name="localhost", log_interval_s=1)
         values.update(flags)
-        return self.hosts.run_on(host, seed_command("seed-actor", "seed.actor_main") +
+        return self.hosts.run_on(host, seed_command("seed-actor", "seed.actor.main") +
                                  [f"--{k}={v}" for k, v in values.items()], name or f"actor{index}")
 
     def train_steps(self) -> int:

@@ -9,8 +9,8 @@ import time
 import grpc
 import pytest
 
-from seed.actor import Actor, ReconnectBackoff, SupersededError
-from seed.actor_main import SUPERSEDED_EXIT_CODE
+from seed.actor.loop import Actor, ReconnectBackoff, SupersededError
+from seed.actor.main import SUPERSEDED_EXIT_CODE
 from seed.config import ActorConfig
 from tests.conftest import read_metrics, wait_for
 from tests.test_end_to_end import _actor_args as _any_actor_args

@@ -1,4 +1,4 @@
-"""Env groups (--env_groups, seed/actor_groups.py): the layout of an actor's groups on the learner, the grouped
+"""Env groups (--env_groups, seed/actor/env_groups.py): the layout of an actor's groups on the learner, the grouped
 envs being the same envs as one batch, requests of the groups in flight together, and real learner / actor
 processes training with groups, refusing mismatched flags, handling a superseded actor, a restarted learner
 and launch/local.sh's actor restarts."""
@@ -15,9 +15,9 @@ from concurrent import futures
 import numpy as np
 import pytest
 
-from seed.actor import Actor
-from seed.actor_groups import GroupedActor, group_slots, make_actor, make_env_groups
-from seed.actor_main import SUPERSEDED_EXIT_CODE
+from seed.actor.env_groups import GroupedActor, group_slots, make_actor, make_env_groups
+from seed.actor.loop import Actor
+from seed.actor.main import SUPERSEDED_EXIT_CODE
 from seed.bench import measure
 from seed.bench.transport_ceiling import ZeroActionService
 from seed.config import ActorConfig, LearnerConfig
@@ -48,7 +48,7 @@ def test_flags_that_do_not_divide_are_refused_naming_both():
     assert ActorConfig(envs_per_actor=6, env_groups=3).env_groups_error() is None
     config = LearnerConfig(num_actors=3, envs_per_actor=6, env_groups=2)
     assert (config.actor_streams, config.envs_per_stream, config.num_envs) == (6, 3, 18)
-    with pytest.raises(ValueError, match="expected 1 for seed.actor.Actor"):
+    with pytest.raises(ValueError, match="expected 1 for seed.actor.loop.Actor"):
         Actor(ActorConfig(env="fake:vector", envs_per_actor=4, env_groups=2))
     assert type(make_actor(ActorConfig(env="fake:vector", envs_per_actor=4))) is Actor
     assert type(make_actor(ActorConfig(env="fake:vector", envs_per_actor=4, env_groups=2))) is GroupedActor
@@ -194,8 +194,8 @@ def test_grouped_actors_train_cartpole_with_every_env_id_stepping(processes, tmp
 
 def test_mismatched_env_groups_are_refused_with_the_flags_named(processes, tmp_path):
     # Flags that cannot work are refused at start by both processes.
-    for module, args in (("seed.actor_main", ["--env=fake:vector", "--envs_per_actor=4", "--env_groups=3"]),
-                         ("seed.learner_main", ["--env=fake:vector", "--envs_per_actor=4", "--env_groups=3",
+    for module, args in (("seed.actor.main", ["--env=fake:vector", "--envs_per_actor=4", "--env_groups=3"]),
+                         ("seed.learner.main", ["--env=fake:vector", "--envs_per_actor=4", "--env_groups=3",
                                                 "--print_config"])):
         completed = subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True,
                                    timeout=60, cwd=REPO)
@@ -269,7 +269,7 @@ def test_local_launcher_restarts_a_killed_grouped_actor(tmp_path):
 
 
 def _actor_pid(launcher_pid: int, index: int) -> int | None:
-    """The pid of `seed.actor_main --actor_index=index` among the launcher's children."""
+    """The pid of `seed.actor.main --actor_index=index` among the launcher's children."""
     for task in os.listdir(f"/proc/{launcher_pid}/task"):
         with open(f"/proc/{launcher_pid}/task/{task}/children") as f:
             for child in f.read().split():
@@ -278,6 +278,6 @@ def _actor_pid(launcher_pid: int, index: int) -> int | None:
                         args = cmd.read().split(b"\0")
                 except FileNotFoundError:
                     continue
-                if b"seed.actor_main" in args and f"--actor_index={index}".encode() in args:
+                if b"seed.actor.main" in args and f"--actor_index={index}".encode() in args:
                     return int(child)
     return None

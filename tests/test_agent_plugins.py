@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from seed import checkpoint
+from seed.learner import checkpoint
 from tests.conftest import REPO, read_metrics, wait_for
 
 PLUGIN_ENV = {"SEED_RL_PLUGINS": "tests.toy_agent"}
@@ -54,7 +54,7 @@ def test_the_toy_agent_s_config_shows_its_fields_and_checks(tmp_path):
     import json
 
     env = dict(os.environ, **PLUGIN_ENV)
-    run = [sys.executable, "-m", "seed.learner_main", "--agent=toy", f"--logdir={tmp_path}", "--print_config"]
+    run = [sys.executable, "-m", "seed.learner.main", "--agent=toy", f"--logdir={tmp_path}", "--print_config"]
     printed = subprocess.run(run, capture_output=True, text=True, cwd=REPO, env=env, timeout=120)
     assert printed.returncode == 0, printed.stderr
     config = json.loads(printed.stdout)
@@ -79,7 +79,7 @@ OWN_FIELDS = {
 def test_print_config_shows_the_chosen_agent_s_fields_and_no_other_s(agent, tmp_path):
     import json
 
-    printed = subprocess.run([sys.executable, "-m", "seed.learner_main", f"--agent={agent}", f"--logdir={tmp_path}",
+    printed = subprocess.run([sys.executable, "-m", "seed.learner.main", f"--agent={agent}", f"--logdir={tmp_path}",
                               "--print_config"], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert printed.returncode == 0, printed.stderr
     config = set(json.loads(printed.stdout))
@@ -91,7 +91,7 @@ def test_print_config_shows_the_chosen_agent_s_fields_and_no_other_s(agent, tmp_
 
 
 def test_a_flag_of_another_agent_is_refused_naming_the_agents_that_have_it(tmp_path):
-    refused = subprocess.run([sys.executable, "-m", "seed.learner_main", "--agent=vtrace", f"--logdir={tmp_path}",
+    refused = subprocess.run([sys.executable, "-m", "seed.learner.main", "--agent=vtrace", f"--logdir={tmp_path}",
                               "--num_simulations=5", "--print_config"], capture_output=True, text=True, cwd=REPO,
                              timeout=120)
     assert refused.returncode == 2 and refused.stdout == ""
@@ -100,7 +100,7 @@ def test_a_flag_of_another_agent_is_refused_naming_the_agents_that_have_it(tmp_p
 
 
 def test_helpfull_groups_the_flags_by_agent():
-    shown = subprocess.run([sys.executable, "-m", "seed.learner_main", "--helpfull"], capture_output=True,
+    shown = subprocess.run([sys.executable, "-m", "seed.learner.main", "--helpfull"], capture_output=True,
                            text=True, cwd=REPO, timeout=120).stdout
     groups = re.findall(r"^agent flags: (.+):$", shown, re.M)
     assert "muzero" in groups and "ppo" in groups and "vtrace" in groups, groups

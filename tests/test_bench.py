@@ -68,7 +68,7 @@ def test_smoke_run_writes_every_key_with_positive_rates(smoke_result):
 
 
 def test_transport_ceiling_answers_real_actor_with_zero_actions(tmp_path):
-    from seed.actor import Actor, ConfigurationError
+    from seed.actor.loop import Actor, ConfigurationError
     from seed.bench.transport_ceiling import serve
     from seed.config import ActorConfig
     from seed.envs import make_spec
@@ -118,7 +118,7 @@ def test_tensor_packing_round_trip():
 
 def test_unroll_packing_keeps_every_field():
     from seed.bench.actor_side import pack_unrolls
-    from seed.unroll import Unroll
+    from seed.contracts.training import Unroll
 
     unrolls = [Unroll({"reward": torch.full((5,), float(i)), "observation": torch.zeros(5, 3, dtype=torch.uint8)},
                       {"lstm_h": torch.full((4,), float(i))}, torch.tensor(i)) for i in range(3)]

@@ -1,4 +1,4 @@
-"""lz4 observation compression (seed/compression.py): the round trip, the size checked before anything is
+"""lz4 observation compression (seed/transport/compression.py): the round trip, the size checked before anything is
 decompressed, the codec agreed at the handshake (TCP only), and a training run with --compression=lz4."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ import lz4.block
 import numpy as np
 import pytest
 
-from seed import compression, wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs import make_spec
-from seed.learner import Learner
-from seed.learner_main import resolve_config
+from seed.learner.learner import Learner
+from seed.learner.main import resolve_config
+from seed.transport import compression, wire
 from tests.conftest import free_tcp_port, read_metrics, wait_for
 
 K = 4

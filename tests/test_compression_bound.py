@@ -1,4 +1,5 @@
-"""lz4's bound on a compressed payload's length (seed/compression.py decode_tensor): a payload longer than lz4's
+"""lz4's bound on a compressed payload's length (seed/transport/compression.py decode_tensor): a payload longer than
+lz4's
 worst case for the declared size is refused before anything is decompressed, one exactly at the bound is not."""
 
 from __future__ import annotations
@@ -7,8 +8,8 @@ import lz4.block
 import numpy as np
 import pytest
 
-from seed import compression, wire
 from seed._proto import seed_pb2
+from seed.transport import compression, wire
 
 SHAPE = (4, 84, 84)  # 28,224 uint8 bytes; lz4's worst case 28,224 + 28,224 // 255 + 16 = 28,350 bytes
 BOUND = 28_350

@@ -1,4 +1,4 @@
-"""Data contracts have one home: each record is defined once (seed/contracts.py, seed/unroll.py) and the
+"""Data contracts have one home: each record is defined once (seed/contracts.py, seed/contracts/training.py) and the
 modules of seed/, agents/ and envs/ import each other without a cycle (deferred imports inside functions
 count: they hide a cycle rather than remove it)."""
 
@@ -14,8 +14,8 @@ ROOTS = {"seed.agents": "agents", "seed.envs": "envs", "seed": "seed"}
 CONTRACTS = {"State": "seed.contracts.inference", "InferenceBatch": "seed.contracts.inference",
              "ActOutput": "seed.contracts.inference", "FinishedEpisodes": "seed.contracts.inference",
              "Agent": "seed.contracts.agent", "UpdateStep": "seed.contracts.agent",
-             "UpdateOutput": "seed.contracts.agent", "Unroll": "seed.unroll", "TrainingBatch": "seed.unroll",
-             "LossOutput": "seed.unroll"}
+             "UpdateOutput": "seed.contracts.agent", "Unroll": "seed.contracts.training",
+             "TrainingBatch": "seed.contracts.training", "LossOutput": "seed.contracts.training"}
 
 
 def _modules() -> dict[str, str]:

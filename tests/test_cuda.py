@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from seed.learner_main import resolve_config
-from seed.unroll import TrainingBatch, Unroll
+from seed.contracts.training import TrainingBatch, Unroll
+from seed.learner.main import resolve_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() "
                                                                        "is False)")
@@ -38,8 +38,8 @@ def exact_float32():
 
 def test_graphed_inference_matches_eager_actions_and_state():
     from seed.contracts import InferenceBatch
-    from seed.policy import EagerPolicy, GraphedPolicy
-    from seed.state_table import StateTable
+    from seed.inference.forward_pass import EagerPolicy, GraphedPolicy
+    from seed.inference.state_table import StateTable
 
     device = torch.device("cuda:0")
     agent, spec, config = _agent("r2d2")
@@ -123,8 +123,8 @@ def test_training_step_on_cuda_matches_cpu(agent_name):
 def test_r2d2_graph_on_one_device_survives_inference_on_another():
     """One agent serves two GPUs. A graph captured on cuda:0 keeps reading cuda:0's epsilons after cuda:1
     acted and cuda:0's freed memory was reused: greedy epsilons (all zero) keep its actions equal to eager."""
-    from seed.policy import EagerPolicy, GraphedPolicy, PolicyInputs
-    from seed.state_table import StateTable
+    from seed.inference.forward_pass import EagerPolicy, GraphedPolicy, PolicyInputs
+    from seed.inference.state_table import StateTable
 
     agent, spec, config = _agent("r2d2")
     agent.epsilons = torch.zeros(config.num_envs)  # greedy everywhere

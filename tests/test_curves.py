@@ -11,8 +11,8 @@ import sys
 import numpy as np
 import pytest
 
-from seed import checkpoint
 from seed.bench import curves
+from seed.learner import checkpoint
 from tests.conftest import REPO
 
 CONFIG = {"agent": "vtrace", "env": "gym:CartPole-v1", "learning_rate": 0.001, "batch_size": 16,

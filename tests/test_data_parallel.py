@@ -1,4 +1,5 @@
-"""--training_devices: data-parallel training (seed/data_parallel.py) gives the parameters one trainer gets on the
+"""--training_devices: data-parallel training (seed/training/data_parallel.py) gives the parameters one trainer gets on
+the
 whole batch, and runs in a real learner beside a real actor.
 
 The equality checks run real ranks: two spawned processes in a gloo process group, each training on its half of
@@ -16,7 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from seed.unroll import TrainingBatch, Unroll
+from seed.contracts.training import TrainingBatch, Unroll
 
 UPDATES = 20
 
@@ -24,7 +25,7 @@ UPDATES = 20
 def _agent_and_config(agent_name: str):
     from seed.agents import agent_class
     from seed.envs import make_spec
-    from seed.learner_main import resolve_config
+    from seed.learner.main import resolve_config
 
     values = dict(agent=agent_name, env="fake:vector", num_actors=2, envs_per_actor=5, batch_size=10, unroll_length=5,
                   use_lstm=True, lstm_size=16, seed=3, learning_rate=1e-3, grad_clip_norm=1.0, torch_threads=1,
@@ -70,8 +71,8 @@ def _batches(spec, config, agent_name: str) -> list[TrainingBatch]:
 
 def _train(agent_name: str, shard=None) -> tuple[dict[str, torch.Tensor], list]:
     """(network parameters after UPDATES updates, each update's priorities or None)."""
-    from seed.optimizers import make_optimizer
-    from seed.training import train_on_batch
+    from seed.training.optimizers import make_optimizer
+    from seed.training.update import train_on_batch
 
     agent, spec, config = _agent_and_config(agent_name)
     optimizer = make_optimizer(agent, config)
@@ -85,7 +86,7 @@ def _train(agent_name: str, shard=None) -> tuple[dict[str, torch.Tensor], list]:
 
 
 def _rank(rank: int, world: int, store_path: str, agent_name: str, out_path: str) -> None:
-    from seed.data_parallel import Shard
+    from seed.training.data_parallel import Shard
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world)
@@ -134,9 +135,9 @@ def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(
     """R2D2: rank 0 hands the learner the whole batch's priorities, which it writes into the replay."""
     import threading
 
-    from seed import checkpoint
-    from seed.learner import Learner
-    from seed.learner_main import resolve_config
+    from seed.learner import checkpoint
+    from seed.learner.learner import Learner
+    from seed.learner.main import resolve_config
 
     extra = dict(replay_min_size=16, replay_capacity=256, burn_in=2) if agent_name == "r2d2" else {}
     learner = Learner(resolve_config(_learner_args(tmp_path, agent=agent_name, max_train_steps=12,
@@ -175,7 +176,7 @@ def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(
 
 
 def _rank_pid(learner_pid: int, rank: int) -> int | None:
-    """The learner's child process named seed-train-r<rank> (seed/training_process.py names its ranks)."""
+    """The learner's child process named seed-train-r<rank> (seed/training/process.py names its ranks)."""
     for task in os.listdir(f"/proc/{learner_pid}/task"):
         with open(f"/proc/{learner_pid}/task/{task}/children") as f:
             for child in f.read().split():
@@ -211,7 +212,7 @@ def test_killing_training_rank_1_ends_the_learner_naming_it(processes, tmp_path)
 
 
 def test_training_devices_are_refused_with_a_batch_size_they_do_not_divide_or_without_the_training_process():
-    from seed.learner_main import resolve_config
+    from seed.learner.main import resolve_config
 
     with pytest.raises(ValueError, match=r"--batch_size: got 5 with --training_devices=cpu,cpu \(2 devices\), "
                                          "expected a multiple of 2"):

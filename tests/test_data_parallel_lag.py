@@ -1,4 +1,4 @@
-"""--training_devices with --max_policy_lag: every rank drops or trains each batch alike (seed/data_parallel.py
+"""--training_devices with --max_policy_lag: every rank drops or trains each batch alike (seed/training/data_parallel.py
 `Shard.agreed_lag`), even when the ranks saw different policy versions in their slot.
 
 The race this closes: rank 0 dropped a batch before any collective and told the learner, which refilled the slot;
@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from seed.unroll import TrainingBatch, Unroll
+from seed.contracts.training import TrainingBatch, Unroll
 from tests.test_data_parallel import _agent_and_config
 
 MAX_LAG = 2
@@ -53,9 +53,9 @@ def _versions(batch, version: int) -> None:
 def _rank(rank: int, world: int, store_path: str, out_path: str) -> None:
     import datetime
 
-    from seed.data_parallel import Shard
-    from seed.optimizers import make_optimizer
-    from seed.training import train_on_batch
+    from seed.training.data_parallel import Shard
+    from seed.training.optimizers import make_optimizer
+    from seed.training.update import train_on_batch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.FileStore(store_path, world), rank=rank, world_size=world,

@@ -8,7 +8,7 @@ import sys
 
 import torch
 
-from seed import checkpoint
+from seed.learner import checkpoint
 from tests.conftest import REPO, read_metrics
 
 UPDATES = 4

@@ -11,11 +11,11 @@ import torch
 
 from seed.agents import agent_class
 from seed.contracts import InferenceBatch
+from seed.contracts.training import Unroll
 from seed.envs import make_spec
-from seed.learner import Learner
-from seed.learner_main import resolve_config
-from seed.metrics import LearnerMetrics
-from seed.unroll import Unroll
+from seed.learner.learner import Learner
+from seed.learner.main import resolve_config
+from seed.metrics.recording import LearnerMetrics
 from tests.conftest import REPO
 
 
@@ -109,7 +109,7 @@ def test_eval_running_mean_keeps_the_last_100_episodes_across_windows_and_resume
 
 def test_vtrace_refuses_burn_in_and_too_many_eval_envs():
     for flags, field in ((["--burn_in=4"], "--burn_in: got 4"), (["--num_eval_envs=8"], "--num_eval_envs: got 8")):
-        result = subprocess.run([sys.executable, "-m", "seed.learner_main", "--agent=vtrace", "--num_actors=2",
+        result = subprocess.run([sys.executable, "-m", "seed.learner.main", "--agent=vtrace", "--num_actors=2",
                                  "--envs_per_actor=4", "--print_config", *flags], capture_output=True, text=True,
                                 cwd=REPO)
         assert result.returncode == 2, result.stderr

@@ -168,7 +168,8 @@ def test_an_actor_opens_no_stream_to_a_unix_listener_of_another_user(tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text("s3cret-token-0123456789\n")
     pid, report = _foreign_http2_listener(path, seconds=120)
-    actor = subprocess.Popen([sys.executable, "-m", "seed.actor_main", "--env=fake:vector", f"--server_address=unix:{path}",
+    actor = subprocess.Popen([sys.executable, "-m", "seed.actor.main", "--env=fake:vector",
+    f"--server_address=unix:{path}",
                               "--actor_index=0", "--envs_per_actor=2", f"--auth_token_file={token_file}",
                               "--transport=grpc"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                              text=True)

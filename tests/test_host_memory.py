@@ -1,4 +1,5 @@
-"""A CPU learner's process settings: freed host memory kept for reuse (seed.host_memory) and OpenMP threads that sleep
+"""A CPU learner's process settings: freed host memory kept for reuse (seed.learner.host_memory) and OpenMP threads that
+sleep
 when idle (seed-learner)."""
 
 import json
@@ -7,14 +8,14 @@ import sys
 
 import pytest
 
-from seed.host_memory import keep_freed_memory
+from seed.learner.host_memory import keep_freed_memory
 
 # Allocates, touches and frees a 64 MiB tensor (above glibc's largest mmap threshold) 10 times after 10 warm-up
 # rounds (the heap grows to its high-water mark: an aligned allocation does not fit the exact chunk freed before
 # it until free chunks have merged), and prints the minor page faults those 10 rounds took.
 PROBE = """
 import json, resource, sys, torch
-from seed.host_memory import keep_freed_memory
+from seed.learner.host_memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 def cycle():
     x = torch.empty(16 * 2**20, dtype=torch.float32)
@@ -53,8 +54,8 @@ import os, sys
 os.environ.pop("OMP_WAIT_POLICY", None)
 if len(sys.argv) > 2:
     os.environ["OMP_WAIT_POLICY"] = sys.argv[2]
-from seed import learner_main
-assert "torch" not in sys.modules, "importing seed.learner_main loaded torch before run() could set OMP_WAIT_POLICY"
+from seed.learner import main as learner_main
+assert "torch" not in sys.modules, "importing seed.learner.main loaded torch before run() could set OMP_WAIT_POLICY"
 sys.argv = ["seed-learner", "--print_config", "--logdir=" + sys.argv[1]]
 try:
     learner_main.run()

@@ -373,7 +373,7 @@ def test_flags_parse_with_absl(overlay, tmp_path):
             args.append(f"--{flag_name}={value}")
         return args
 
-    learner_command = [sys.executable, "-m", "seed.learner_main", *command_line(LEARNER, "learner"), "--print_config"]
+    learner_command = [sys.executable, "-m", "seed.learner.main", *command_line(LEARNER, "learner"), "--print_config"]
     learner_run = subprocess.run(learner_command, capture_output=True, text=True, cwd=REPO, timeout=120)
     assert learner_run.returncode == 0, learner_run.stderr[-3000:]
     learner = json.loads(learner_run.stdout)

@@ -22,10 +22,10 @@ import numpy as np
 import pytest
 
 from seed._proto import seed_pb2
-from seed.inference import request_latencies_s
+from seed.actor.shm_link import ShmLink, ShmUnavailable
+from seed.inference.central import request_latencies_s
 from seed.serving import notify, shm_protocol
 from seed.serving.slab import StepSlab
-from seed.shm_actor_link import ShmLink, ShmUnavailable
 from tests.conftest import REPO, wait_for
 from tests.test_end_to_end import _learner_args
 

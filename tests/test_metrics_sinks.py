@@ -1,4 +1,4 @@
-"""Metrics sinks (seed/metrics_sinks.py) behind MetricsWriter (seed/metrics.py): metrics.jsonl and TensorBoard
+"""Metrics sinks (seed/metrics/sinks.py) behind MetricsWriter (seed/metrics/recording.py): metrics.jsonl and TensorBoard
 rows, the registry, and a sink that fails being dropped with one warning while the others go on."""
 
 import json
@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from seed.metrics import MetricsWriter
-from seed.metrics_sinks import SINKS, MetricsSink, SinkSettings
+from seed.metrics.recording import MetricsWriter
+from seed.metrics.sinks import SINKS, MetricsSink, SinkSettings
 
 
 def _row(env_frames, **values):

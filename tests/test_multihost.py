@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from seed import checkpoint
+from seed.learner import checkpoint
 from tests.conftest import REPO, Processes, assert_optimizer_continued, assert_resumed, read_metrics, wait_for
 
 LEARNER_IP, ACTOR_IP, PREFIX_LEN = "10.213.0.1", "10.213.0.2", 30
@@ -125,12 +125,12 @@ def _start_learner(procs: NetnsProcesses, ns: Namespaces, logdir: str, name: str
                  auth_token_file=_token_file(logdir),
                  batch_size=4, unroll_length=10, log_interval_s=0.5, checkpoint_interval_s=3600,
                  total_environment_frames=int(1e12), torch_threads=1, fake_episode_length=20)
-    return procs.run_in(ns.learner, _command("seed-learner", "seed.learner_main") +
+    return procs.run_in(ns.learner, _command("seed-learner", "seed.learner.main") +
                         [f"--{k}={v}" for k, v in flags.items()], name)
 
 
 def _start_actors(procs: NetnsProcesses, ns: Namespaces, logdir: str) -> list[subprocess.Popen]:
-    return [procs.run_in(ns.actor, _command("seed-actor", "seed.actor_main") +
+    return [procs.run_in(ns.actor, _command("seed-actor", "seed.actor.main") +
                          ["--env=fake:vector", f"--server_address={ADDRESS}", f"--actor_index={i}",
                           "--envs_per_actor=4", "--fake_episode_length=20", f"--auth_token_file={_token_file(logdir)}"],
                          f"actor{i}") for i in range(2)]

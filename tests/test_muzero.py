@@ -25,10 +25,10 @@ from seed.agents.muzero.targets import (
     value_transform,
 )
 from seed.contracts import InferenceBatch
-from seed.learner import Learner
-from seed.learner_main import resolve_config
+from seed.contracts.training import TrainingBatch, Unroll
+from seed.learner.learner import Learner
+from seed.learner.main import resolve_config
 from seed.serving.slab import REPLY_OK
-from seed.unroll import TrainingBatch, Unroll
 from tests.conftest import REPO, read_metrics, serve_steps, wait_for
 
 
@@ -342,8 +342,8 @@ def test_reanalysis_searches_with_the_target_network(tmp_path):
 def test_training_step_with_reanalysis_logs_it(tmp_path):
     config = _config(tmp_path, num_simulations=4, reanalyse_ratio=1.0)
     agent = Agent(_spec(), config)
-    from seed.optimizers import make_optimizer
-    from seed.training import train_on_batch
+    from seed.training.optimizers import make_optimizer
+    from seed.training.update import train_on_batch
 
     result = train_on_batch(agent, make_optimizer(agent, config),
                             TrainingBatch(Unroll.stack(_hand_unrolls(config, count=4)), torch.ones(4)), config, 0)

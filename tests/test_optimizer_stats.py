@@ -1,8 +1,8 @@
-"""seed/optimizer_stats.py on a real Adam optimizer."""
+"""seed/training/optimizer_stats.py on a real Adam optimizer."""
 
 import torch
 
-from seed.optimizer_stats import adam_step_fraction
+from seed.training.optimizer_stats import adam_step_fraction
 
 
 def _fraction_after_steps(gradient_scale: float, eps: float) -> float:

@@ -1,4 +1,4 @@
-"""Clipped LARS (seed/optimizers.py) against the formula computed by hand in NumPy, and --optimizer for every
+"""Clipped LARS (seed/training/optimizers.py) against the formula computed by hand in NumPy, and --optimizer for every
 agent."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from seed.optimizers import ClippedLARS, clipped_lars, split_lars_parameters
+from seed.training.optimizers import ClippedLARS, clipped_lars, split_lars_parameters
 
 LR, ETA, BETA, MU = 0.1, 0.02, 0.01, 0.9
 
@@ -164,8 +164,8 @@ def test_a_resumed_optimizer_takes_the_identical_next_step():
 def test_make_optimizer_gives_every_agent_clipped_lars(tmp_path, agent):
     from seed.agents import agent_class
     from seed.envs import make_spec
-    from seed.learner_main import resolve_config
-    from seed.optimizers import make_optimizer
+    from seed.learner.main import resolve_config
+    from seed.training.optimizers import make_optimizer
 
     extra = dict(sync="hts") if agent == "ppo" else {}
     config = resolve_config(dict(agent=agent, env="gym:CartPole-v1", logdir=str(tmp_path), optimizer="clipped_lars",
@@ -191,12 +191,12 @@ def test_an_unknown_optimizer_is_refused_naming_the_flag(tmp_path):
     import subprocess
     import sys
 
-    from seed.learner_main import resolve_config
-    from seed.optimizers import make_optimizer
+    from seed.learner.main import resolve_config
+    from seed.training.optimizers import make_optimizer
 
     with pytest.raises(ValueError, match="--optimizer: got 'lamb', expected adam or clipped_lars"):
         resolve_config(dict(env="gym:CartPole-v1", logdir=str(tmp_path), optimizer="lamb"))
-    cli = subprocess.run([sys.executable, "-m", "seed.learner_main", "--print_config", "--optimizer=no_such_optimizer",
+    cli = subprocess.run([sys.executable, "-m", "seed.learner.main", "--print_config", "--optimizer=no_such_optimizer",
                           f"--logdir={tmp_path}"], capture_output=True, text=True, timeout=120)
     assert cli.returncode == 2 and cli.stdout == ""
     assert cli.stderr.strip() == ("seed-learner: --optimizer: got 'no_such_optimizer', expected adam or "
@@ -209,9 +209,9 @@ def test_an_unknown_optimizer_is_refused_naming_the_flag(tmp_path):
 def test_a_vtrace_learner_trains_with_clipped_lars_in_its_training_process(processes, tmp_path):
     """The real learner (optimizer steps in the training process) and one actor: updates happen, the weights
     move, and the checkpoint holds Clipped LARS's state (its step count == the updates)."""
-    from seed import checkpoint
-    from seed.learner import Learner
-    from seed.learner_main import resolve_config
+    from seed.learner import checkpoint
+    from seed.learner.learner import Learner
+    from seed.learner.main import resolve_config
 
     config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path / "run"), server_address=f"unix:{tmp_path}/s",
                                  num_actors=1, envs_per_actor=4, batch_size=4, unroll_length=5, torch_threads=1,

@@ -8,11 +8,11 @@ import torch
 from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
 from seed.agents.ppo.agent import PPOAgent as Agent
 from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
+from seed.contracts.training import TrainingBatch, Unroll
 from seed.envs import make_spec
-from seed.learner_main import resolve_config
-from seed.sync_gate import RolloutGate
-from seed.training import policy_lag
-from seed.unroll import TrainingBatch, Unroll
+from seed.inference.rollout_gate import RolloutGate
+from seed.learner.main import resolve_config
+from seed.training.update import policy_lag
 
 
 def _reference_gae(rewards, values, bootstrap, dones, gamma, lam):

@@ -1,4 +1,5 @@
-"""Priority Refresh (seed/priority_refresh.py): every replay item's priority recomputed with the latest published
+"""Priority Refresh (seed/experience/priority_refresh.py): every replay item's priority recomputed with the latest
+published
 network, the generation check, the oldest priority's age, and a real R2D2 learner with the refresher on."""
 
 from __future__ import annotations
@@ -13,18 +14,18 @@ import torch
 
 from seed.agents.r2d2.agent import R2D2Agent
 from seed.agents.r2d2.agent import R2D2Agent as Agent
+from seed.contracts.training import Unroll
 from seed.envs import make_spec
-from seed.parameters import ParameterPublisher
-from seed.priority_refresh import PriorityRefresher, make_priority_refresher
-from seed.replay import PrioritizedReplay
-from seed.unroll import Unroll
+from seed.experience.priority_refresh import PriorityRefresher, make_priority_refresher
+from seed.experience.replay import PrioritizedReplay
+from seed.inference.parameter_publisher import ParameterPublisher
 from tests.conftest import read_metrics
 
 ALPHA = 0.9
 
 
 def _config(tmp_path, **overrides):
-    from seed.learner_main import resolve_config
+    from seed.learner.main import resolve_config
 
     values = dict(agent="r2d2", env="fake:vector", logdir=str(tmp_path / "run"), num_actors=1, envs_per_actor=2,
                   burn_in=2, unroll_length=4, batch_size=4, torch_threads=1, target_update_interval=100)
@@ -136,7 +137,7 @@ def test_the_oldest_priority_age_drops_after_a_sweep(tmp_path):
 def test_an_agent_without_a_replay_is_refused_naming_the_flag(tmp_path):
     """--priority_refresh_interval_s is a replay flag: --agent=vtrace refuses it when the configuration resolves,
     naming the agents that have it."""
-    from seed.learner_main import resolve_config
+    from seed.learner.main import resolve_config
 
     with pytest.raises(ValueError, match=r"--priority_refresh_interval_s: got 5.0 with --agent=vtrace, which has "
                                          r"no such setting; a flag of --agent=r2d2 or --agent=muzero"):
@@ -149,7 +150,7 @@ def test_an_agent_without_a_replay_is_refused_naming_the_flag(tmp_path):
 def test_an_r2d2_learner_on_cartpole_refreshes_every_priority_while_it_trains(processes, tmp_path):
     """The real learner (training process on), one CartPole actor: updates happen and the refresher sweeps the
     replay with parameters the training published."""
-    from seed.learner import Learner
+    from seed.learner.learner import Learner
 
     config = _config(tmp_path, env="gym:CartPole-v1", server_address=f"unix:{tmp_path}/s", envs_per_actor=4,
                      replay_capacity=64, replay_min_size=8, max_train_steps=40, log_interval_s=0.5,
@@ -209,8 +210,8 @@ def test_muzero_refreshed_priorities_equal_the_losses_after_updates_in_the_train
     Seen failing before the fix, with the learner's agent's step count (0): priorities up to 1.8 apart on these
     sequences (horizon 5 instead of 5 - 6 // 2 = 2)."""
     from seed.agents import agent_class
-    from seed.training import train_on_batch
-    from seed.unroll import TrainingBatch
+    from seed.contracts.training import TrainingBatch
+    from seed.training.update import train_on_batch
 
     updates = 6
     config = _config(tmp_path, agent="muzero", burn_in=9, unroll_length=4, batch_size=4, num_simulations=2,

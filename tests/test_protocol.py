@@ -6,13 +6,13 @@ import grpc
 import numpy as np
 import pytest
 
-from seed import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor import Actor
+from seed.actor.loop import Actor
 from seed.config import ActorConfig
 from seed.envs import make_spec
-from seed.learner import Learner
-from seed.learner_main import resolve_config
+from seed.learner.learner import Learner
+from seed.learner.main import resolve_config
+from seed.transport import wire
 from tests.conftest import wait_for
 
 

@@ -12,9 +12,9 @@ import torch
 
 from seed.agents.r2d2.agent import ATARI_TABLE_8
 from seed.agents.r2d2.agent import R2D2Agent as Agent
-from seed.learner import Learner
-from seed.learner_main import resolve_config
-from seed.unroll import Unroll
+from seed.contracts.training import Unroll
+from seed.learner.learner import Learner
+from seed.learner.main import resolve_config
 from tests.conftest import serve_steps
 
 
@@ -91,7 +91,7 @@ def test_training_step_updates_priorities_and_target_copy(tmp_path):
         serve_steps(learner.parts.inferences[0], [_request(0, g), _request(1, g)])
     replay = learner.parts.experience.replay
     assert learner.train_step()
-    # The first step samples how far Adam moves the weights (seed/optimizer_stats.py): a fraction of lr.
+    # The first step samples how far Adam moves the weights (seed/training/optimizer_stats.py): a fraction of lr.
     fraction = learner.parts.metrics.snapshot(1.0, {"window_s": 1.0})["optimizer/adam_step_fraction"]
     assert 0.0 < fraction < 1.0
     online = learner.parts.agent.network.state_dict()
@@ -130,7 +130,7 @@ def test_training_step_writes_each_sequence_priority_to_its_own_replay_slot(tmp_
 
 
 def test_atari_defaults_are_paper_table_8():
-    out = subprocess.run([sys.executable, "-m", "seed.learner_main", "--agent=r2d2", "--env=atari:Pong",
+    out = subprocess.run([sys.executable, "-m", "seed.learner.main", "--agent=r2d2", "--env=atari:Pong",
                           "--print_config"], capture_output=True, text=True, check=True)
     printed = json.loads(out.stdout)
     for key, value in ATARI_TABLE_8.items():
@@ -172,7 +172,7 @@ def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path, ca
     generations load, an object of the file's choosing does not."""
     import datetime
 
-    from seed.checkpoint import UnsafeCheckpoint, read
+    from seed.learner.checkpoint import UnsafeCheckpoint, read
 
     learner = _learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
     for g in range(20):
@@ -197,7 +197,7 @@ def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path, ca
 
 def _meta_act(agent, network, env_ids):
     """`act` on the meta device: a device of its own that a CPU-only machine has (shapes only, no data)."""
-    from seed.inference import InferenceBatch
+    from seed.inference.central import InferenceBatch
 
     b = len(env_ids)
     batch = InferenceBatch(torch.tensor(env_ids, device="meta"), torch.zeros(b, 8, device="meta"),
@@ -311,7 +311,7 @@ def test_loss_weights_each_sequence_and_ignores_masked_steps(tmp_path):
                         priority_eta=0.5)
     agent.network = _QFromObservation()
     agent.target_network = _QFromObservation().requires_grad_(False)
-    from seed.unroll import TrainingBatch
+    from seed.contracts.training import TrainingBatch
 
     out = agent.loss(TrainingBatch(_hand_batch(), importance_weights=torch.tensor([0.25, 1.0])))
     per_sequence = [0.5 * (0.5 ** 2 + 1.0 ** 2), 0.5 * 1.0 ** 2]
@@ -336,7 +336,7 @@ def test_initial_priorities_use_the_stored_q_values_after_the_burn_in(tmp_path):
 
 
 def test_act_explores_with_each_env_ids_own_epsilon(tmp_path, monkeypatch):
-    from seed.inference import InferenceBatch
+    from seed.inference.central import InferenceBatch
 
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01)

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from seed.replay import PrioritizedReplay, SumTree
-from seed.unroll import Unroll
+from seed.contracts.training import Unroll
+from seed.experience.replay import PrioritizedReplay, SumTree
 
 
 def test_sum_tree_sampling_frequencies_match_priorities():
@@ -94,7 +94,7 @@ def test_replay_checkpoint_is_not_torn_by_a_concurrent_insert(tmp_path, monkeypa
     """An insert that arrives while the replay is being written lands before or after the saved state, never
     half in it. The insert is started from inside torch.save (after the state was read, before it is written),
     so the interleaving that tore the old checkpoint happens every time unless the save holds the replay off."""
-    from seed.experience import ReplayExperience
+    from seed.experience.training_batches import ReplayExperience
 
     capacity = 4
     replay = PrioritizedReplay(capacity=capacity, priority_exponent=1.0, importance_sampling_exponent=0.0,
@@ -128,7 +128,7 @@ def test_replay_checkpoint_is_not_torn_by_a_concurrent_insert(tmp_path, monkeypa
 
 
 def test_replay_that_does_not_fit_in_memory_is_refused():
-    from seed.replay import ReplayDoesNotFit, check_fits_in_memory
+    from seed.experience.replay import ReplayDoesNotFit, check_fits_in_memory
 
     check_fits_in_memory(1000, 1000, available_bytes=10**6)
     with pytest.raises(ReplayDoesNotFit) as info:

@@ -1,5 +1,7 @@
-"""The replay file (`replay.pt`, --checkpoint_replay, seed/experience.py ReplayExperience) by the checkpoints'
-rules (seed/checkpoint.py): fsynced before its rename and the logdir after it, the previous file kept, and a file
+"""The replay file (`replay.pt`, --checkpoint_replay, seed/experience/training_batches.py ReplayExperience) by the
+checkpoints'
+rules (seed/learner/checkpoint.py): fsynced before its rename and the logdir after it, the previous file kept, and a
+file
 that does not load (truncated, corrupt) passed over for the previous one, or an empty replay, naming why."""
 
 from __future__ import annotations
@@ -9,9 +11,9 @@ import os
 import numpy as np
 import torch
 
-from seed.experience import ReplayExperience
-from seed.replay import PrioritizedReplay
-from seed.learner import Learner
+from seed.experience.replay import PrioritizedReplay
+from seed.experience.training_batches import ReplayExperience
+from seed.learner.learner import Learner
 from tests.test_r2d2 import _config
 from tests.test_replay import _unroll
 

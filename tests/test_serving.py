@@ -12,15 +12,14 @@ import numpy as np
 import pytest
 import torch
 
-from seed import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs import make_spec
-from seed.learner import Learner
-from seed.learner_main import resolve_config
+from seed.learner.learner import Learner
+from seed.learner.main import resolve_config
 from seed.serving import notify
 from seed.serving.service import SlabService
 from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
-from seed.transport import start_grpc_server
+from seed.transport import start_grpc_server, wire
 from tests.conftest import serve_steps, wait_for
 
 K = 4

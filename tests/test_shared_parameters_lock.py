@@ -1,4 +1,4 @@
-"""The parameters' version is read under the same lock as the parameters (seed/shared_parameters.py): a reader
+"""The parameters' version is read under the same lock as the parameters (seed/training/shared_parameters.py): a reader
 that comes while the writer (another process: record locks do not exclude threads) is halfway through copying
 update v + 1 waits for it, and gets v + 1's tensors labelled v + 1, never v + 1's tensors labelled v (a version
 read before the lock) nor half of each.
@@ -13,7 +13,7 @@ import threading
 import torch
 import torch.multiprocessing as mp
 
-from seed.shared_parameters import SharedParameters
+from seed.training.shared_parameters import SharedParameters
 
 OLD, NEW = 4, 5  # versions; every element of version v's tensors is float(v)
 

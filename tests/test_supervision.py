@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from seed import checkpoint
-from seed.supervisor import (
+from seed.learner import checkpoint
+from seed.learner.supervised_thread import (
     EVENTS_FAULT_ENV,
     SINK_FAULT_ENV,
     InjectedFault,
@@ -107,7 +107,7 @@ def test_sink_fault_hook_raises_only_after_its_delay():
 
 
 def _config(tmp_path, **overrides):
-    from seed.learner_main import resolve_config
+    from seed.learner.main import resolve_config
 
     values = dict(env="fake:vector", logdir=str(tmp_path / "run"), server_address=f"unix:{tmp_path}/s", num_actors=1,
                   envs_per_actor=2, batch_size=2, unroll_length=5, torch_threads=1, log_interval_s=0.5)
@@ -116,7 +116,7 @@ def _config(tmp_path, **overrides):
 
 
 def test_learner_whose_prefetcher_dies_stops_with_the_error_and_a_checkpoint(tmp_path):
-    from seed.learner import Learner
+    from seed.learner.learner import Learner
 
     learner = Learner(_config(tmp_path))
 
@@ -168,7 +168,7 @@ def test_learner_whose_sink_raises_exits_non_zero_with_the_traceback(processes, 
     output = processes.output(learner)
     assert code != 0, output
     assert "Traceback (most recent call last)" in output and "InjectedFault" in output, output
-    assert "seed.supervisor.ThreadDied: thread 'experience-sink' died" in output, output
+    assert "seed.learner.supervised_thread.ThreadDied: thread 'experience-sink' died" in output, output
     assert checkpoint.latest(logdir) is not None, output
 
 
@@ -193,12 +193,13 @@ def test_learner_whose_serving_events_thread_raises_exits_non_zero_naming_it(pro
     output = processes.output(learner)
     assert code != 0, output
     assert "InjectedFault" in output and "thread 'serving-events' died" in output, output
-    assert "seed.supervisor.ThreadDied: thread 'serving-events' died (seed.supervisor.InjectedFault" in output, output
+    assert ("seed.learner.supervised_thread.ThreadDied: thread 'serving-events' died "
+            "(seed.learner.supervised_thread.InjectedFault") in output, output
 
 
 def test_learner_refuses_a_replay_that_cannot_fit_in_memory(tmp_path):
-    from seed.learner import Learner
-    from seed.replay import ReplayDoesNotFit, available_memory_bytes
+    from seed.experience.replay import ReplayDoesNotFit, available_memory_bytes
+    from seed.learner.learner import Learner
 
     with pytest.raises(ReplayDoesNotFit) as info:
         Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=10**12, replay_min_size=1))
@@ -225,7 +226,7 @@ def test_learner_refuses_a_replay_that_cannot_fit_in_memory(tmp_path):
 
 
 def test_prefetcher_failure_is_recorded_for_the_watchdog():
-    from seed.experience import Prefetcher
+    from seed.experience.training_batches import Prefetcher
 
     stop = threading.Event()
     calls = []

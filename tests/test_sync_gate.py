@@ -1,4 +1,5 @@
-"""The HTS sync gate (`--sync=hts`, seed/sync_gate.py) across actor runs: a new run of an actor index (a restarted
+"""The HTS sync gate (`--sync=hts`, seed/inference/rollout_gate.py) across actor runs: a new run of an actor index (a
+restarted
 actor, a reconnect, a new serving process) never leaves a rollout that cannot complete, and a gate that waits says
 for whom.
 
@@ -21,17 +22,17 @@ import numpy as np
 import pytest
 import torch
 
-from seed import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor import _Stream, step_message
+from seed.actor.loop import _Stream, step_message
+from seed.contracts.training import Unroll
 from seed.envs import make_spec
 from seed.envs.base import BatchStep
-from seed.experience import Prefetcher
-from seed.learner import Learner
-from seed.learner_main import resolve_config
+from seed.experience.training_batches import Prefetcher
+from seed.inference.rollout_gate import RolloutGate
+from seed.learner.learner import Learner
+from seed.learner.main import resolve_config
 from seed.serving.slab import REPLY_OK, REPLY_STALE
-from seed.sync_gate import RolloutGate
-from seed.unroll import Unroll
+from seed.transport import wire
 from tests.conftest import read_metrics, wait_for
 
 T = 2  # --sync_every of the hand-driven tests
@@ -118,7 +119,7 @@ def test_a_waiting_gate_logs_whom_it_waits_for_rate_limited(caplog):
     _serve(gate, [0, 1], [0, 0])
     _serve(gate, [0], [1])
     assert _serve(gate, [0], [2]) == []  # actor 0 waits at the sync point; actor 1 is one step short of it
-    with caplog.at_level(logging.WARNING, logger="seed.sync_gate"):
+    with caplog.at_level(logging.WARNING, logger="seed.inference.rollout_gate"):
         for now in (100.0, 104.0):
             assert gate.try_open(0, live, now=now) is None
         assert not caplog.records
@@ -141,7 +142,7 @@ def test_a_gate_waiting_for_the_update_names_the_version(caplog):
     assert gate.try_open(0, live, now=10.0) is not None  # rollout 1 is played with the initial parameters
     _serve(gate, [0], [1])
     assert _serve(gate, [0], [2]) == []
-    with caplog.at_level(logging.WARNING, logger="seed.sync_gate"):
+    with caplog.at_level(logging.WARNING, logger="seed.inference.rollout_gate"):
         assert gate.try_open(0, live, now=20.0) is None  # the clock starts at this sync point, not the last one
         assert not caplog.records
         gate.try_open(0, live, now=26.0)

@@ -14,14 +14,14 @@ import psutil
 import pytest
 import torch
 
-from seed import checkpoint
-from seed.training_liveness import FAULT_ENV, TrainingFault, step_allowance_s
-from seed.unroll import TrainingBatch, Unroll
+from seed.contracts.training import TrainingBatch, Unroll
+from seed.learner import checkpoint
+from seed.training.liveness import FAULT_ENV, TrainingFault, step_allowance_s
 from tests.conftest import assert_optimizer_continued, read_metrics, wait_for
 
 
 def _config(tmp_path, **overrides):
-    from seed.learner_main import resolve_config
+    from seed.learner.main import resolve_config
 
     values = dict(env="fake:vector", logdir=str(tmp_path / "run"), server_address=f"unix:{tmp_path}/s", num_actors=1,
                   envs_per_actor=4, batch_size=4, unroll_length=5, torch_threads=1, log_interval_s=0.5,
@@ -76,7 +76,7 @@ def test_training_process_on_a_gpu_makes_exactly_max_train_steps_updates_and_inf
 
 
 def _check_exact_updates_served_and_checkpointed(processes, tmp_path, **overrides):
-    from seed.learner import Learner
+    from seed.learner.learner import Learner
 
     # Checkpoints every 0.2 s while the training process goes on updating: each must be one update's state.
     learner = Learner(_config(tmp_path, max_train_steps=25, checkpoint_interval_s=0.2, keep_checkpoints=100,
@@ -114,7 +114,7 @@ def test_inference_is_told_the_version_of_the_parameters_it_got(processes, tmp_p
     parameters whenever the child has written a new version (kept only if no write began or ended during the
     copy). Each receive is followed by a 30 ms pause, so that the child, fed by the actor, is often an update ahead
     when the learner reads the parameters (labelled with the last update received, they were the next update's)."""
-    from seed.learner import Learner
+    from seed.learner.learner import Learner
 
     learner = Learner(_config(tmp_path, max_train_steps=30, checkpoint_interval_s=3600))
     inference, process = learner.parts.inferences[0], learner.parts.training_process
@@ -299,7 +299,7 @@ def test_update_allowance_and_fault_parsing():
 
 
 def test_learner_restarted_with_a_training_process_resumes_its_optimizer(processes, tmp_path):
-    from seed.learner import Learner
+    from seed.learner.learner import Learner
 
     first = Learner(_config(tmp_path, max_train_steps=10))
     runner, raised = _run_in_thread(first)
@@ -319,7 +319,7 @@ def test_learner_restarted_with_a_training_process_resumes_its_optimizer(process
 def test_r2d2_trains_in_its_process_and_the_learner_writes_the_priorities(processes, tmp_path):
     """The feeder samples the replay; the child trains (and copies the target every 4 updates); each update's
     priorities come back and are written into the learner's replay for the slots sampled."""
-    from seed.learner import Learner
+    from seed.learner.learner import Learner
 
     learner = Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=64, replay_min_size=8,
                               target_update_interval=4, max_train_steps=12, checkpoint_interval_s=3600))
@@ -351,7 +351,7 @@ def test_r2d2_each_update_s_priorities_reach_the_replay_slots_its_batch_was_samp
     (the count of priority updates alone would not see them go to the previous batch's slots), and they are that
     batch's: with a learning rate too small to move any float32 weight (1e-30), the child's network stays the
     learner's, so the learner's agent computes the same priorities from the batch."""
-    from seed.learner import Learner
+    from seed.learner.learner import Learner
 
     learner = Learner(_config(tmp_path, agent="r2d2", burn_in=2, replay_capacity=64, replay_min_size=8,
                               target_update_interval=4, max_train_steps=12, checkpoint_interval_s=3600,
@@ -396,7 +396,7 @@ def test_training_process_refuses_what_it_cannot_run(tmp_path, overrides, messag
 
 
 def test_a_batch_unlike_the_first_is_refused_naming_the_field():
-    from seed.training_process import _copy_into
+    from seed.training.process import _copy_into
 
     def batch(length, extra=()):
         steps = {"reward": torch.zeros(length, 2), "done": torch.zeros(length, 2, dtype=torch.bool)}
@@ -420,8 +420,8 @@ def test_state_returns_before_the_updates_the_child_made_after_it(tmp_path):
     child's side of the pipes is played here, so the order is exact (a real child shows it only sometimes)."""
     from seed.agents import agent_class
     from seed.envs import make_spec
-    from seed.optimizers import make_optimizer
-    from seed.training_process import TrainingProcess, to_bytes
+    from seed.training.optimizers import make_optimizer
+    from seed.training.process import TrainingProcess, to_bytes
 
     config = _config(tmp_path)
     spec = make_spec(config.env, config.env_options())

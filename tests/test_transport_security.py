@@ -14,11 +14,12 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from seed import transport, wire
+from seed import transport
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs import make_spec
-from seed.learner import Learner
-from seed.learner_main import resolve_config
+from seed.learner.learner import Learner
+from seed.learner.main import resolve_config
+from seed.transport import wire
 from tests.certs import make_pki
 from tests.conftest import REPO, free_tcp_port, wait_for
 
@@ -135,7 +136,7 @@ def test_tls_flags_must_come_together(tmp_path):
 def test_security_is_passed_in_not_read_from_a_process_default():
     """learner_main hands the security it built to the Learner and blanks the token in the config; a config whose
     token was blanked names the problem instead of silently yielding some process-wide default."""
-    from seed.learner_main import transport_security
+    from seed.learner.main import transport_security
 
     config = resolve_config(dict(env="fake:vector", auth_token=TOKEN, server_address="127.0.0.1:1"))
     security = transport_security(config)
@@ -147,7 +148,7 @@ def test_security_is_passed_in_not_read_from_a_process_default():
 
 def test_learner_binds_loopback_by_default_and_refuses_open_interfaces(tmp_path):
     def print_config(*flags):
-        return subprocess.run([sys.executable, "-m", "seed.learner_main", "--print_config", f"--logdir={tmp_path}",
+        return subprocess.run([sys.executable, "-m", "seed.learner.main", "--print_config", f"--logdir={tmp_path}",
                                *flags], capture_output=True, text=True, timeout=60, cwd=REPO)
 
     default = print_config()

@@ -71,9 +71,9 @@ def test_agent_reports_off_policyness_and_advantage_metrics(tmp_path):
     """On-policy data gives rho = 1 and nothing clipped; behaviour logits that make the taken actions less likely
     than the trained policy does show up as rho > 1 and a clipped fraction."""
     from seed.agents import agent_class
+    from seed.contracts.training import TrainingBatch, Unroll
     from seed.envs import make_spec
-    from seed.learner_main import resolve_config
-    from seed.unroll import TrainingBatch, Unroll
+    from seed.learner.main import resolve_config
 
     config = resolve_config({"logdir": str(tmp_path / "run"), "agent": "vtrace", "num_actors": 1,
                              "envs_per_actor": 2})

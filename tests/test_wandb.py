@@ -1,4 +1,5 @@
-"""The Weights & Biases sink (seed/wandb_sink.py) with the real library in offline mode (no network): a real learner
+"""The Weights & Biases sink (seed/metrics/wandb_sink.py) with the real library in offline mode (no network): a real
+learner
 and actor log the configuration and every metrics row against env frames, seed-eval logs its summary and video,
 read back from the runs' .wandb files; a bad --wandb_mode is refused; a missing or failing wandb is one warning."""
 
@@ -13,8 +14,8 @@ import sys
 
 import pytest
 
-from seed.metrics import MetricsWriter
-from seed.metrics_sinks import SinkSettings
+from seed.metrics.recording import MetricsWriter
+from seed.metrics.sinks import SinkSettings
 from tests.conftest import REPO, read_metrics, wait_for
 
 ENV = "gym:CartPole-v1"
@@ -159,7 +160,7 @@ def test_learner_and_seed_eval_log_to_an_offline_run(wandb, processes, tmp_path)
 
 
 def test_an_invalid_wandb_mode_is_refused():
-    done = subprocess.run([sys.executable, "-m", "seed.learner_main", "--wandb_project=test", "--wandb_mode=cloud",
+    done = subprocess.run([sys.executable, "-m", "seed.learner.main", "--wandb_project=test", "--wandb_mode=cloud",
                            "--print_config"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert done.stderr.strip() == "seed-learner: --wandb_mode: got 'cloud', expected online, offline or disabled"

@@ -22,8 +22,8 @@ import sys
 
 import pytest
 
-from seed import checkpoint
 from seed.agents import names as agent_names
+from seed.learner import checkpoint
 from tests.conftest import REPO, read_metrics, wait_for
 
 pytestmark = pytest.mark.wheel

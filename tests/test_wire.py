@@ -1,4 +1,4 @@
-"""seed/wire.py's tensor decoding on its own: every check `decode_tensor` makes, each seen by itself (at the
+"""seed/transport/wire.py's tensor decoding on its own: every check `decode_tensor` makes, each seen by itself (at the
 serving call sites `check_step_values` repeats the bool check, so a stream test cannot tell whether this one
 works)."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from seed import wire
 from seed._proto import seed_pb2
+from seed.transport import wire
 
 
 def _tensor(dtype: str, shape: list[int], data: bytes) -> seed_pb2.Tensor:

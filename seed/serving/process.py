@@ -26,8 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from seed.envs.base import EnvSpec
+from seed.learner.supervised_thread import SupervisedThread, episodes_fault_from_environment
 from seed.serving.slab import SlabLayout
-from seed.supervisor import SupervisedThread, episodes_fault_from_environment
 from seed.transport import TransportSecurity
 
 log = logging.getLogger(__name__)

@@ -1,12 +1,12 @@
 """The learner's gRPC service, run in the serving process: one bidirectional stream per actor.
 
 Each stream runs on its own server thread: it validates the handshake, then for every step message decodes
-and checks the tensors (seed/wire.py: one copy of each payload out of the message), copies them into the
+and checks the tensors (seed/transport/wire.py: one copy of each payload out of the message), copies them into the
 actor's rows of the step slab, notifies the actor's inference device and waits on the actor's reply eventfd for
 the reply in the slab. All of this happens outside the learner process, so decoding never competes with
 inference or training for the learner's GIL.
 
-An actor on another host may ask for lz4-compressed observations (seed/compression.py); the service grants it
+An actor on another host may ask for lz4-compressed observations (seed/transport/compression.py); the service grants it
 on TCP connections only and decompresses each observation once here, bounded by the expected size.
 
 A malformed message ends only that actor's stream (INVALID_ARGUMENT naming the field, the value received
@@ -24,11 +24,11 @@ from collections.abc import Callable, Iterator
 import grpc
 import numpy as np
 
-from seed import compression, wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs.base import EnvSpec
 from seed.serving import notify
 from seed.serving.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
+from seed.transport import compression, wire
 
 
 def read_handshake(request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext,

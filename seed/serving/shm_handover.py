@@ -20,7 +20,7 @@ The learner refuses the path (no `P.shm` socket, so `--transport=auto` actors us
 `--shm_actors=false`, and when it requires mutual TLS: a TLS identity cannot be checked on this socket.
 
 `P.shm` may be taken: in a directory others can write (/tmp), another user can create it first and listen there.
-Actors check their peer's uid before they send the hello (seed/shm_actor_link.py); a learner with a token that
+Actors check their peer's uid before they send the hello (seed/actor/shm_link.py); a learner with a token that
 cannot claim `P.shm` (remove what is there, bind, listen) fails at start naming the path (HandoverPathTaken)
 rather than leave the name to someone else. Without a token there is no secret to lose: it says so in one line
 and serves gRPC only.
@@ -40,10 +40,10 @@ import threading
 
 from google.protobuf.message import DecodeError
 
-from seed import wire
 from seed._proto import seed_pb2
 from seed.serving import shm_protocol
 from seed.serving.service import SlabService
+from seed.transport import wire
 from seed.transport.guard import check_token
 
 HELLO_TIMEOUT_S = 10.0

@@ -35,7 +35,7 @@ answer before it writes, so inference never reads rows that a writer is changing
 a seqlock all the same: request_seq and request_run before the rows, and again after; a slot that changed in
 between is dropped (its new request has its own notification).
 
-Actors on the learner's host may map the slab themselves (seed/shm_actor_link.py) and write their own slot, so
+Actors on the learner's host may map the slab themselves (seed/actor/shm_link.py) and write their own slot, so
 writers live in several processes. `lock_slot` is the cross-process part of "one writer per slot": a POSIX
 record lock on byte `actor` of the slab's file, taken by every writer (the serving process's streams too) from
 the live-run check until the reply is read, and released by the kernel when its holder dies.

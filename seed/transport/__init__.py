@@ -6,7 +6,7 @@
   channel.py   open_channel: an actor's channel to the learner
 
 Every process that serves or dials the learner builds its server or channel here, so transport settings live
-in one place. The security is built from the flags once (seed.learner_main, seed.actor) and passed in.
+in one place. The security is built from the flags once (seed.learner.main, seed.actor.loop) and passed in.
 """
 
 from seed.transport.channel import CHANNEL_OPTIONS, open_channel

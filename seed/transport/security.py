@@ -53,7 +53,7 @@ class TransportSecurity:
         """From any config with the TransportOptions fields (seed.config); reads --auth_token_file.
 
         read_files=False (e.g. --print_config) checks the flags without touching the files; the token is then
-        REDACTED. A config whose token was already redacted (seed.learner_main hands the security it built from
+        REDACTED. A config whose token was already redacted (seed.learner.main hands the security it built from
         the flags to the Learner, then blanks the token) cannot yield it again: pass that security on instead.
         """
         token = getattr(config, "auth_token", "")

@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
-from seed.unroll import LossOutput, TrainingBatch
+from seed.contracts.training import LossOutput, TrainingBatch
 from tests.toy_agent.config import ToyConfig
 
 

@@ -1,8 +1,8 @@
 """Where metrics rows go: the sink contract, the built-in sinks (the progress line on stdout, `<logdir>/metrics.jsonl`,
-TensorBoard event files), and the registry of sink factories that `MetricsWriter` (seed/metrics.py) opens and
+TensorBoard event files), and the registry of sink factories that `MetricsWriter` (seed/metrics/recording.py) opens and
 iterates.
 
-A row is one dict per log interval (seed/metrics.py `LearnerMetrics.snapshot`) whose non-finite floats are
+A row is one dict per log interval (seed/metrics/recording.py `LearnerMetrics.snapshot`) whose non-finite floats are
 already None; `step` is its `env_frames` (env frames: agent steps x action repeat), the x axis every sink plots
 against. A sink that raises is dropped by its caller with one warning (`warn_dropped`): no sink can stop
 training.
@@ -106,7 +106,7 @@ def open_tensorboard(settings: SinkSettings) -> TensorBoardSink | None:
 
 
 def open_wandb(settings: SinkSettings) -> MetricsSink | None:
-    from seed.wandb_sink import open_wandb_sink  # seed/wandb_sink.py imports wandb only with a project
+    from seed.metrics.wandb_sink import open_wandb_sink  # seed/metrics/wandb_sink.py imports wandb only with a project
 
     return open_wandb_sink(settings)
 

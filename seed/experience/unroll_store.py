@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from seed.contracts import State
-from seed.unroll import Unroll
+from seed.contracts.training import Unroll
 
 
 class UnrollStore:

@@ -18,13 +18,13 @@ from typing import Any
 import torch
 
 from seed.config import LearnerConfig
-from seed.experience import FifoExperience, ReplayExperience
-from seed.inference import CentralInference
-from seed.learner_checkpoint import LearnerCheckpointer
-from seed.metrics import LearnerMetrics
-from seed.supervisor import ThreadFailure
-from seed.training import train_on_batch
-from seed.training_process import TrainingProcess, TrainingUpdate
+from seed.experience.training_batches import FifoExperience, ReplayExperience
+from seed.inference.central import CentralInference
+from seed.learner.checkpointing import LearnerCheckpointer
+from seed.learner.supervised_thread import ThreadFailure
+from seed.metrics.recording import LearnerMetrics
+from seed.training.process import TrainingProcess, TrainingUpdate
+from seed.training.update import train_on_batch
 
 
 class TrainingLoop:
@@ -124,7 +124,7 @@ class TrainingLoop:
             inference.publish(parameters, version=version)
 
     def checkpoint(self, with_experience: bool = True) -> None:
-        """Writes the next rotated checkpoint (seed/checkpoint.py) and, if `with_experience`, the replay."""
+        """Writes the next rotated checkpoint (seed/learner/checkpoint.py) and, if `with_experience`, the replay."""
         if self.training_process is not None and self.training_process.needs_asking():
             # Its state as of the last update recorded here; kept in this process too, for a checkpoint after it
             # stopped (a learner used as a library).

@@ -13,9 +13,9 @@ import torch
 
 from seed.config import LearnerConfig
 from seed.contracts.agent import Agent, UpdateStep
-from seed.data_parallel import Shard
-from seed.optimizer_stats import adam_step_fraction
-from seed.unroll import TrainingBatch, Unroll
+from seed.contracts.training import TrainingBatch, Unroll
+from seed.training.data_parallel import Shard
+from seed.training.optimizer_stats import adam_step_fraction
 
 OPTIMIZER_STATS_EVERY = 50  # train steps between samples of optimizer/adam_step_fraction
 
@@ -39,7 +39,7 @@ def train_on_batch(agent: Agent, optimizer: torch.optim.Optimizer, batch: Traini
                    train_steps: int, shard: Shard | None = None) -> StepResult:
     """One update of `agent.network` on `batch`; `train_steps`: updates made before this one.
 
-    With `shard` (--training_devices, seed/data_parallel.py) every rank is given the whole batch, trains on its
+    With `shard` (--training_devices, seed/training/data_parallel.py) every rank is given the whole batch, trains on its
     share of the columns and averages the gradients with the other ranks before the clip; the policy-lag check
     is the whole batch's, and the priorities (R2D2) are the whole batch's, gathered in batch order."""
     lag = policy_lag(batch.unrolls, train_steps)

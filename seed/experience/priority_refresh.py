@@ -38,10 +38,10 @@ import torch
 from torch import nn
 
 from seed.config import LearnerConfig
-from seed.parameters import ParameterPublisher
-from seed.replay import PrioritizedReplay
-from seed.supervisor import SupervisedThread
-from seed.unroll import Unroll
+from seed.contracts.training import Unroll
+from seed.experience.replay import PrioritizedReplay
+from seed.inference.parameter_publisher import ParameterPublisher
+from seed.learner.supervised_thread import SupervisedThread
 
 # (sequences [L, B] on the device, online network, target network, the parameters' published version)
 #   -> priorities float [B]

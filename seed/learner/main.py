@@ -93,7 +93,7 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
     training_devices = [d.strip() for d in config.training_devices.split(",") if d.strip()]
     if training_devices:  # rank 0 (the only rank with one device) trains on the first device
         config.training_device = training_devices[0]
-    if len(training_devices) > 1:  # data-parallel training runs in training processes (seed/data_parallel.py)
+    if len(training_devices) > 1:  # data-parallel training runs in training processes (seed/training/data_parallel.py)
         if "training_process" not in explicit and "training_process" not in preset_values:
             config.training_process = True
     elif "training_process" not in explicit and "training_process" not in preset_values:
@@ -236,9 +236,9 @@ def main(argv: list[str]) -> None:
         return
     import torch  # noqa: F401  (imported late so --help and --print_config stay fast)
 
-    from seed.learner import Learner
-    from seed.learner_supervision import install_signal_handlers
-    from seed.replay import ReplayDoesNotFit
+    from seed.experience.replay import ReplayDoesNotFit
+    from seed.learner.learner import Learner
+    from seed.learner.supervision import install_signal_handlers
 
     try:
         learner = Learner(config, security=security)

@@ -5,7 +5,7 @@
 optimizer (resumed from the newest checkpoint), the metrics, the experience (FIFO queue or replay), the sink
 thread, the training process, the step slab and its notification channels, one CentralInference and
 RequestBatcher per inference device, the priority refresher, the serving process, the inference threads, the
-training loop and the supervision. `Learner` (seed/learner.py) runs them.
+training loop and the supervision. `Learner` (seed/learner/learner.py) runs them.
 """
 
 from __future__ import annotations
@@ -24,24 +24,24 @@ import torch
 from seed.config import LearnerConfig, burn_in_steps
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
-from seed.experience import FifoExperience, ReplayExperience, SinkThread
-from seed.host_memory import keep_freed_memory
-from seed.inference import CentralInference, InferenceModel, InferenceOutputs, UnrollLayout, serve_inference
-from seed.learner_checkpoint import LearnerCheckpointer, restore_rng_states, resume, seed_everything
-from seed.learner_metrics import EpisodeRecorder
-from seed.learner_supervision import LearnerSupervision
-from seed.metrics import LearnerMetrics, MetricsWriter
-from seed.metrics_sinks import SinkSettings
-from seed.optimizers import make_optimizer
-from seed.priority_refresh import PriorityRefresher, make_priority_refresher
-from seed.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
+from seed.experience.priority_refresh import PriorityRefresher, make_priority_refresher
+from seed.experience.replay import PrioritizedReplay, available_memory_bytes, check_fits_in_memory
+from seed.experience.training_batches import FifoExperience, ReplayExperience, SinkThread
+from seed.inference.central import CentralInference, InferenceModel, InferenceOutputs, UnrollLayout, serve_inference
+from seed.inference.rollout_gate import RolloutGate
+from seed.learner.checkpointing import LearnerCheckpointer, restore_rng_states, resume, seed_everything
+from seed.learner.host_memory import keep_freed_memory
+from seed.learner.supervised_thread import SupervisedThread, sink_fault_from_environment
+from seed.learner.supervision import LearnerSupervision
+from seed.learner.training_loop import TrainingLoop
+from seed.metrics.episodes import EpisodeRecorder
+from seed.metrics.recording import LearnerMetrics, MetricsWriter
+from seed.metrics.sinks import SinkSettings
 from seed.serving.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab
-from seed.supervisor import SupervisedThread, sink_fault_from_environment
-from seed.sync_gate import RolloutGate
-from seed.training_loop import TrainingLoop
-from seed.training_process import TrainingProcess
+from seed.training.optimizers import make_optimizer
+from seed.training.process import TrainingProcess
 from seed.transport import REDACTED, TransportSecurity, listen_addresses
 
 
@@ -52,7 +52,7 @@ class ServingChannels:
     slab: the step slab, one slot of `envs_per_stream` rows per actor stream.
     request_pipes: (read fd, write fd) per inference device: "actor a's slot is ready" (a % devices == index).
     reply_fds: one eventfd per actor slot, "actor a's reply is ready"; whoever holds the slot waits on it (a gRPC
-      stream of the serving process, or an actor on this host that writes the slab itself, seed/shm_actor_link.py).
+      stream of the serving process, or an actor on this host that writes the slab itself, seed/actor/shm_link.py).
     lifeline_read, lifeline_write: the serving process reads end of file on this pipe when the learner exits
       (however).
     """

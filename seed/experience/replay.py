@@ -12,7 +12,8 @@ sampling training thread.
 - Every slot carries a generation (the insert count when its sequence was written). A sample returns the
   generations of its slots and `update_priorities` drops the updates of slots written since (the ring
   recycled them while the batch trained): the new sequence keeps its own initial priority.
-- Priority Refresh (SpeedyZero; seed/priority_refresh.py) reads slots with `read` (not counted as samples) and
+- Priority Refresh (SpeedyZero; seed/experience/priority_refresh.py) reads slots with `read` (not counted as samples)
+and
   writes the priorities the latest network gives with `refresh_priorities`, under the same generation check.
   Every slot keeps the time its priority was last set (insert, training update or refresh): the stats report
   the oldest one's age (`replay/oldest_priority_age_s`).
@@ -31,7 +32,7 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from seed.unroll import Unroll
+from seed.contracts.training import Unroll
 
 
 class SumTree:

@@ -33,7 +33,7 @@ serving process) starts at the beginning of that rollout, on fresh rows:
 So a rollout that lost an actor's unrolls is completed by that actor's next run rather than trained short or
 dropped: every batch still holds one unroll of every env, each unroll one run's consecutive steps, and no sync
 point waits for an update that cannot happen. (The FIFO's prefetcher refuses a batch with two unrolls of one env,
-seed/experience.py, should that ever fail.)
+seed/experience/training_batches.py, should that ever fail.)
 
 `start_over` does the same for actors whose unrolls in progress were lost (the unroll store failed). A missing
 actor holds everyone: HTS is synchronous. A gate that waits longer than `wait_log_s` says for whom (a warning

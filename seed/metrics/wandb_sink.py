@@ -3,7 +3,7 @@ evaluation videos, in one W&B run per learner (or seed-eval) process.
 
 On with `--wandb_project` (flags `--wandb_entity`, `--wandb_mode=online|offline|disabled`); needs the `wandb`
 extra (`pip install 'seed-rl-torch[wandb]'`). Offline runs are written under `<logdir>/wandb` (or $WANDB_DIR) and
-uploaded later with `wandb sync`. Like every sink (seed/metrics_sinks.py), one that fails to start (wandb
+uploaded later with `wandb sync`. Like every sink (seed/metrics/sinks.py), one that fails to start (wandb
 missing, a refused key, no network within INIT_TIMEOUT_S) or raises later is dropped with one warning and the
 run goes on.
 """
@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from seed.metrics_sinks import MetricsSink, SinkSettings
+from seed.metrics.sinks import MetricsSink, SinkSettings
 
 WANDB_MODES = ("online", "offline", "disabled")
 INSTALL_HINT = "pip install 'seed-rl-torch[wandb]' (or: pip install wandb)"

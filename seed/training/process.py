@@ -8,9 +8,10 @@ learner's inference thread needs.
                    to inference          version, values)  under a record lock)
       checkpoint                      ("state",) ------>   agent and optimizer state dicts, pickled back
 
-Parameters travel through one shared copy of the network's state dict (seed/shared_parameters.py): the training
+Parameters travel through one shared copy of the network's state dict (seed/training/shared_parameters.py): the training
 process writes it and its version under a record lock after every update, the learner's main thread reads both
-under the same lock into each inference device's staging (seed/parameters.py) when an update's message arrives,
+under the same lock into each inference device's staging (seed/inference/parameter_publisher.py) when an update's
+message arrives,
 so inference is told exactly the version of the weights it got. The kernel releases that lock when its holder
 dies. Batch slots are allocated from the first batch (its fields and shapes are what every later batch must have)
 and handed to the child once.
@@ -18,13 +19,13 @@ and handed to the child once.
 The child ends when its command pipe closes, and the kernel kills it when the learner dies (a parent-death
 signal: a stuck child cannot act on anything else). The learner ends loudly when the child dies (`receive`
 raises `TrainingProcessDied` with its exit code; the child's traceback is on stderr), dies halfway through
-writing the parameters, or stops getting on (seed/training_liveness.py: past its own deadline, the child is
+writing the parameters, or stops getting on (seed/training/liveness.py: past its own deadline, the child is
 hung; its stacks are dumped to stderr, it is killed and `TrainingProcessHung` raised).
 R2D2's replay stays in the learner process: the feeder samples it, sends each batch's importance weights with
 its slot, and keeps the slot's replay indices and generations; the child returns the new priorities with the
 update, and the learner's main thread writes them into the replay (`TrainingUpdate`).
 
---training_devices=d0,d1,...: data-parallel training (seed/data_parallel.py). The learner starts one training
+--training_devices=d0,d1,...: data-parallel training (seed/training/data_parallel.py). The learner starts one training
 process per device, all its children (rank 0 is the process above; ranks 1..N-1 are named seed-train-r<k> in ps),
 which meet through a TCPStore the learner serves on 127.0.0.1 and form a torch.distributed group (gloo on the
 CPU, NCCL on CUDA). Every rank gets the slots and each batch's command, reads the whole slot and trains on its
@@ -52,17 +53,16 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from seed import data_parallel
-from seed import training_liveness as liveness
 from seed.config import LearnerConfig
+from seed.contracts.training import TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
-from seed.optimizers import make_optimizer
-from seed.parameters import copy_tensors
-from seed.shared_parameters import ParametersHalfWritten, SharedParameters
-from seed.supervisor import SupervisedThread
-from seed.training import train_on_batch
-from seed.training_liveness import TrainingFault, TrainingProgress, die_with_parent, step_allowance_s
-from seed.unroll import TrainingBatch, Unroll
+from seed.inference.parameter_publisher import copy_tensors
+from seed.learner.supervised_thread import SupervisedThread
+from seed.training import data_parallel, liveness
+from seed.training.liveness import TrainingFault, TrainingProgress, die_with_parent, step_allowance_s
+from seed.training.optimizers import make_optimizer
+from seed.training.shared_parameters import ParametersHalfWritten, SharedParameters
+from seed.training.update import train_on_batch
 
 _STATE_TIMEOUT_S = 120.0  # longest wait for the child's state dicts (a checkpoint)
 
@@ -91,7 +91,7 @@ class TrainingProcessDied(RuntimeError):
 
 
 class TrainingProcessHung(TrainingProcessDied):
-    """The training process missed its deadline (seed/training_liveness.py); the learner killed it."""
+    """The training process missed its deadline (seed/training/liveness.py); the learner killed it."""
 
 
 def _copy_parameters(targets: dict[str, torch.Tensor], network: torch.nn.Module) -> None:
@@ -156,7 +156,7 @@ class TrainingLinks:
       results: rank 0: the send end of the pipe its updates, dropped batches and states go back through; ranks
         1..N-1: None (rank 0 reports for them all).
       parameters: rank 0: the shared parameters it publishes after every update; ranks 1..N-1: None.
-      progress: rank 0: the progress record the learner watches (seed/training_liveness.py); ranks 1..N-1: None.
+      progress: rank 0: the progress record the learner watches (seed/training/liveness.py); ranks 1..N-1: None.
     """
 
     commands: Any
@@ -186,7 +186,7 @@ def _set_up_process(spec: TrainingProcessSpec) -> tuple[torch.device, data_paral
     its share of each batch (None without --training_devices)."""
     config, rank, world = spec.config, spec.rank, spec.world
     die_with_parent(spec.learner_pid)
-    from seed.host_memory import keep_freed_memory
+    from seed.learner.host_memory import keep_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop (Ctrl-C reaches the group)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -239,7 +239,7 @@ class _Trainer:
     """The child's agent and optimizer and its handling of one command at a time.
 
     Keeps the update count (`train_steps`), the batch slots, and the slowest update so far (it sets the next
-    update's deadline, seed/training_liveness.py).
+    update's deadline, seed/training/liveness.py).
     """
 
     def __init__(self, spec: TrainingProcessSpec, links: TrainingLinks, progress: TrainingProgress, agent: Any,

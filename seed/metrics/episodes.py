@@ -1,4 +1,4 @@
-"""The learner's metrics around seed/metrics.py: finished episodes counted as training or evaluation episodes,
+"""The learner's metrics around seed/metrics/recording.py: finished episodes counted as training or evaluation episodes,
 the periodic metrics row (its own thread), and the summary a run ends with."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import numpy as np
 import torch
 
 from seed.contracts import FinishedEpisodes
-from seed.experience import FifoExperience, ReplayExperience
-from seed.metrics import LearnerMetrics, MetricsWriter
-from seed.supervisor import SupervisedThread
+from seed.experience.training_batches import FifoExperience, ReplayExperience
+from seed.learner.supervised_thread import SupervisedThread
+from seed.metrics.recording import LearnerMetrics, MetricsWriter
 
 
 class EpisodeRecorder:

@@ -1,6 +1,6 @@
 """The learner's checkpoints: the resume point read at start, and each rotated checkpoint written afterwards.
 
-A checkpoint (seed/checkpoint.py writes the file) holds the agent's and the optimizer's state dicts, the metric
+A checkpoint (seed/learner/checkpoint.py writes the file) holds the agent's and the optimizer's state dicts, the metric
 counters, the seed, this process's random generators' states and the configuration; the experience (the replay,
 with --checkpoint_replay) is written beside it.
 """
@@ -13,10 +13,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from seed import checkpoint
 from seed.config import LearnerConfig
-from seed.experience import FifoExperience, ReplayExperience
-from seed.metrics import LearnerMetrics
+from seed.experience.training_batches import FifoExperience, ReplayExperience
+from seed.learner import checkpoint
+from seed.metrics.recording import LearnerMetrics
 
 
 def resume(config: LearnerConfig, agent: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:

@@ -140,7 +140,7 @@ def clipped_lars(network: nn.Module, lr: float, eta: float, weight_decay: float,
 
 def make_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer:
     """The learner's optimizer (the same in the learner process and the training process): --optimizer=adam
-    (the default) or clipped_lars (seed/optimizers.py), over `agent.network`'s parameters."""
+    (the default) or clipped_lars (seed/training/optimizers.py), over `agent.network`'s parameters."""
     if config.optimizer == "clipped_lars":
         return clipped_lars(agent.network, lr=config.learning_rate, eta=config.lars_eta,
                             weight_decay=config.weight_decay, momentum=config.momentum,

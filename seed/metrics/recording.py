@@ -1,5 +1,5 @@
 """Learner metrics: thread-safe accumulation, and one row per log interval handed to every metrics sink
-(seed/metrics_sinks.py: stdout, metrics.jsonl, TensorBoard event files in the logdir, ...).
+(seed/metrics/sinks.py: stdout, metrics.jsonl, TensorBoard event files in the logdir, ...).
 
 Frames are env frames (agent steps x action repeat). Latencies are learner-side: request arrival at the
 learner to the reply, in milliseconds.
@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from seed.metrics_sinks import MetricsSink, SinkSettings, open_sinks, warn_dropped
+from seed.metrics.sinks import MetricsSink, SinkSettings, open_sinks, warn_dropped
 
 
 class LearnerMetrics:
@@ -131,7 +131,7 @@ class LearnerMetrics:
 
 
 class MetricsWriter:
-    """Hands each row to every sink (seed/metrics_sinks.py; by default, in this order: `<logdir>/metrics.jsonl`,
+    """Hands each row to every sink (seed/metrics/sinks.py; by default, in this order: `<logdir>/metrics.jsonl`,
     the progress line on stdout, TensorBoard), with its env frames as the step. A sink that raises is dropped
     with one warning naming it and the error; the other sinks, and training, go on."""
 

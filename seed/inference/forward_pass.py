@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from seed.contracts import InferenceBatch, State
-from seed.state_table import StateTable
+from seed.inference.state_table import StateTable
 
 PolicyResult = tuple[torch.Tensor, dict[str, torch.Tensor], State]
 """(actions int64 [B] on the host, outputs {name: [B, ...]} on the host, state before the step [B, ...] on the

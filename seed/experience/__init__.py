@@ -1,0 +1,2 @@
+"""From inference steps to training batches: the unroll store, the FIFO queue or the prioritized
+replay, and Priority Refresh."""
