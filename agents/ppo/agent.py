@@ -17,8 +17,8 @@ from seed.agents.vtrace.agent import ActorCriticNetwork, _sample
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
-from seed.envs.base import EnvSpec
 from seed.contracts.training import LossOutput, TrainingBatch, Unroll
+from seed.envs.base import EnvSpec
 
 SAMPLE_STEP = "sample_step"  # --deterministic: int64 per-env step counter keying the env's random stream
 

@@ -25,8 +25,8 @@ from seed.agents.r2d2.r2d2 import (
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
-from seed.envs.base import EnvSpec
 from seed.contracts.training import LossOutput, TrainingBatch, Unroll
+from seed.envs.base import EnvSpec
 
 # Paper Table 8 (SEED R2D2 on Atari-57), plus the network of appendix A.3.1.
 ATARI_TABLE_8 = dict(

@@ -15,8 +15,8 @@ from seed.agents.vtrace.vtrace import from_importance_weights
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
-from seed.envs.base import EnvSpec
 from seed.contracts.training import LossOutput, TrainingBatch
+from seed.envs.base import EnvSpec
 
 
 def default_config(env_family: str) -> dict[str, Any]:

@@ -29,13 +29,12 @@ import time
 import grpc
 import numpy as np
 
-from seed.transport import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.actor.loop import Actor, ConfigurationError, SupersededError, _Stream, granted_compression, step_message
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch, EnvSpec
-from seed.transport import open_channel
+from seed.transport import open_channel, wire
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,15 +28,14 @@ from collections.abc import Callable, Iterator
 import grpc
 import numpy as np
 
-from seed.transport import compression, wire
 from seed._proto import seed_pb2, seed_pb2_grpc
+from seed.actor.shm_link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
 from seed.actor.stats import ActorStats
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch
 from seed.serving.shm_protocol import handover_path
-from seed.actor.shm_link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
-from seed.transport import TransportConfigError, TransportSecurity, open_channel
+from seed.transport import TransportConfigError, TransportSecurity, compression, open_channel, wire
 from seed.transport.channel import unix_listener_problem
 
 log = logging.getLogger(__name__)

@@ -36,8 +36,8 @@ def main(argv: list[str]) -> None:
     if config.env_groups_error():
         print(f"seed-actor: {config.env_groups_error()}", file=sys.stderr)
         sys.exit(2)
-    from seed.actor.loop import ConfigurationError, SupersededError
     from seed.actor.env_groups import make_actor
+    from seed.actor.loop import ConfigurationError, SupersededError
     from seed.transport import TransportConfigError
 
     try:

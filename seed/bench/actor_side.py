@@ -40,12 +40,12 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from seed.actor.stats import ActorStats
 from seed.config import EnvOptions, LearnerConfig, explicit_flags
 from seed.contracts import InferenceBatch
+from seed.contracts.training import Unroll
 from seed.envs import make_batch, make_spec
 from seed.envs.base import EnvSpec
 from seed.experience.training_batches import Prefetcher, UnrollQueue
-from seed.learner.main import define_learner_flags, learner_fields, resolve_config
-from seed.contracts.training import Unroll
 from seed.experience.unroll_store import UnrollStore
+from seed.learner.main import define_learner_flags, learner_fields, resolve_config
 
 SERVICE = "seed.ActorSide"
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),

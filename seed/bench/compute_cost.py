@@ -33,10 +33,10 @@ from absl import app, flags
 
 from seed.config import LearnerConfig, burn_in_steps, explicit_flags
 from seed.contracts import InferenceBatch
+from seed.contracts.training import STEP_FIELDS, TrainingBatch, Unroll
 from seed.envs import make_spec
 from seed.learner.host_memory import keep_freed_memory
 from seed.learner.main import define_learner_flags, learner_fields, resolve_config
-from seed.contracts.training import STEP_FIELDS, TrainingBatch, Unroll
 
 FLAGS = flags.FLAGS
 

@@ -24,12 +24,12 @@ import numpy as np
 from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from seed.transport import wire
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.config import EnvOptions, build_config, define_flags, explicit_flags
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
 from seed.serving.service import read_handshake
+from seed.transport import wire
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0)]

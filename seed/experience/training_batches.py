@@ -24,10 +24,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from seed.learner import checkpoint
-from seed.experience.replay import PrioritizedReplay
-from seed.learner.supervised_thread import SupervisedThread
 from seed.contracts.training import TrainingBatch, Unroll
+from seed.experience.replay import PrioritizedReplay
+from seed.learner import checkpoint
+from seed.learner.supervised_thread import SupervisedThread
 
 
 def _put_until_stopped(target: queue.Queue, item: object, stop: threading.Event) -> None:

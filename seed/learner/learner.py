@@ -32,8 +32,8 @@ import torch
 from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
 from seed.learner.builder import build_learner
-from seed.metrics.episodes import PeriodicLogger, metrics_row, run_summary
 from seed.learner.supervised_thread import ThreadDied
+from seed.metrics.episodes import PeriodicLogger, metrics_row, run_summary
 from seed.transport import TransportSecurity
 
 

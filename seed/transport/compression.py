@@ -21,8 +21,8 @@ from __future__ import annotations
 import lz4.block
 import numpy as np
 
-from seed.transport import wire
 from seed._proto import seed_pb2
+from seed.transport import wire
 
 NONE, LZ4 = "none", "lz4"
 CODECS = (NONE, LZ4)
