@@ -290,7 +290,8 @@ class NetnsSoak:
         return fault
 
     def _newest_checkpoint(self) -> dict[str, Any] | None:
-        from seed.learner import checkpoint  # torch: imported by run() before the first fault, not while a learner is down
+        # torch: imported by run() before the first fault, not while a learner is down
+        from seed.learner import checkpoint
 
         latest = checkpoint.latest(self.logdir)
         if latest is None:
