@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import os
+import select
 import socket
 import stat
 import threading
@@ -98,11 +99,17 @@ def _other_users_actor(path: str, hello: bytes) -> tuple[int, bytes, int]:
             sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             sock.settimeout(20)
             sock.connect(path)
-            with contextlib.suppress(BrokenPipeError):  # the learner may refuse (and close) before the hello
-                sock.sendall(hello)
+            # A learner that refuses at once answers before any hello: then none is sent (a hello left unread
+            # when it closes would make this side's read fail with ECONNRESET). One that waits gets it.
+            if not select.select([sock], [], [], 5.0)[0]:
+                with contextlib.suppress(BrokenPipeError):
+                    sock.sendall(hello)
             received, fds = b"", []
             while True:
-                data, more, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+                try:
+                    data, more, _, _ = socket.recv_fds(sock, 1 << 16, 8)
+                except ConnectionResetError:
+                    break
                 if not data:
                     break
                 received, fds = received + data, fds + more
