@@ -1,6 +1,6 @@
-"""Where metrics rows go: the sink contract, the built-in sinks (the progress line on stdout, `<logdir>/metrics.jsonl`,
-TensorBoard event files), and the registry of sink factories that `MetricsWriter` (seed/metrics/recording.py) opens and
-iterates.
+"""Where metrics rows go: the built-in sinks (the progress line on stdout, `<logdir>/metrics.jsonl`, TensorBoard
+event files; the contract they implement is seed/metrics/sink.py), and the registry of sink factories that
+`MetricsWriter` (seed/metrics/recording.py) opens and iterates.
 
 A row is one dict per log interval (seed/metrics/recording.py `LearnerMetrics.snapshot`) whose non-finite floats are
 already None; `step` is its `env_frames` (env frames: agent steps x action repeat), the x axis every sink plots
@@ -10,47 +10,14 @@ training.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
-
-class MetricsSink:
-    """One destination of the metrics. Subclasses override what they use; the defaults do nothing."""
-
-    name = "sink"  # how warnings name it
-
-    def write(self, row: dict[str, Any], step: int) -> None:
-        """One metrics row; `step`: its env frames."""
-
-    def write_config(self, config: dict[str, Any]) -> None:
-        """The run's resolved configuration (secrets already blanked), once at start."""
-
-    def write_video(self, path: str, step: int) -> None:
-        """A video file (.mp4 or .gif) recorded at `step` env frames."""
-
-    def close(self) -> None:
-        """Flushes and releases the sink; nothing is written after."""
-
-
-@dataclasses.dataclass(frozen=True)
-class SinkSettings:
-    """What sink factories read.
-
-    logdir: where the run's files go (metrics.jsonl, TensorBoard events, W&B's offline runs).
-    config: the resolved configuration's fields; a sink reads its own flags there (e.g. wandb_project).
-    show_raw_return: the progress line also shows the env's raw score (Football: goals beside shaped rewards).
-    job_type: which program writes: learner or eval (seed-eval).
-    """
-
-    logdir: str
-    config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
-    show_raw_return: bool = False
-    job_type: str = "learner"
+from seed.metrics.sink import MetricsSink, SinkSettings
 
 
 class ProgressSink(MetricsSink):

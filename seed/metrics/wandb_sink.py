@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from seed.metrics.sinks import MetricsSink, SinkSettings
+from seed.metrics.sink import MetricsSink, SinkSettings
 
 WANDB_MODES = ("online", "offline", "disabled")
 INSTALL_HINT = "pip install 'seed-rl-torch[wandb]' (or: pip install wandb)"
