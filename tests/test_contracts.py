@@ -95,3 +95,35 @@ def test_every_contract_is_defined_once_where_it_belongs():
                     definitions[name].append(module)
     wrong = {name: where for name, where in definitions.items() if where != [CONTRACTS[name]]}
     assert not wrong, f"contracts defined in: got {wrong}, expected {CONTRACTS}"
+
+
+# Who may import whom (the layers, lowest first): the contracts and the configuration import no other part of seed;
+# env families import only env code; agents import the contracts, the configuration, env specs and each other; the
+# framework's role folders import all of those, never an agent's package (they reach agents through the registry).
+ALLOWED_IMPORTS = {
+    "seed.config": ("seed.config",),
+    "seed.contracts": ("seed.contracts", "seed.envs.base"),
+    "seed.envs": ("seed.envs", "seed.config", "seed._proto"),
+    "seed.agents": ("seed.agents", "seed.config", "seed.contracts", "seed.envs"),
+}
+
+
+def _layer(module: str) -> str | None:
+    return next((layer for layer in sorted(ALLOWED_IMPORTS, key=len, reverse=True)
+                 if module == layer or module.startswith(layer + ".")), None)
+
+
+def test_nothing_imports_upward():
+    modules = _modules()
+    upward = []
+    for name, path in modules.items():
+        layer = _layer(name)
+        if layer is None:
+            continue
+        for imported in sorted(_imports(path, modules)):
+            if not any(imported == allowed or imported.startswith(allowed + ".") for allowed in ALLOWED_IMPORTS[layer]):
+                upward.append(f"{name} imports {imported}")
+    assert not upward, "\n".join(upward)
+    # The rule would catch an agent reaching into the framework.
+    assert _layer("seed.agents.muzero.reanalysis") == "seed.agents"
+    assert not any("seed.training.update".startswith(a) for a in ALLOWED_IMPORTS["seed.agents"])
