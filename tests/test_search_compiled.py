@@ -238,6 +238,19 @@ def test_compiled_searches_in_two_threads_give_the_sequential_trees():
             assert_same_search(out, expected[i])
 
 
+def test_an_embedding_of_another_shape_is_refused():
+    """The compiled step copies a one-tensor embedding row by row: one of another width would be read past its
+    end, so it is refused naming the field."""
+    model = hashed_model(3)
+
+    def wider(embedding, actions):
+        out = model(embedding, actions)
+        return type(out)(out.reward, out.discount, out.prior_logits, out.value, out.embedding.repeat(1, 2))
+
+    with pytest.raises(ValueError, match=r"RecurrentOutput.embedding: got \(2, 2\), expected .* \(2, 1\)"):
+        search(roots(2, 3, seed=0), wider, SearchConfig(num_simulations=3, backend="numba"))
+
+
 # --- the small functions, one node at a time, on random trees --------------------------------------------------
 
 

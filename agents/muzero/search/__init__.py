@@ -181,7 +181,7 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
     compiled = _compiled(config, device, dtype)
     # The loop below runs on tree.arrays: numpy views on the CPU, the tensors elsewhere (see tree.py).
     host = device.type == "cpu" and (NUMPY_ON_CPU or compiled)
-    tree = new_tree(b, n, a, root.embedding, dtype, device, host)
+    tree = new_tree(b, n, a, root.embedding, dtype, device, host, loop_arrays=not compiled)
     if invalid_actions is not None:
         tree.root_invalid.copy_(invalid_actions.to(torch.bool))
     invalid = tree.root_invalid

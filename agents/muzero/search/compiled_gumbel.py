@@ -25,7 +25,12 @@ import math
 import numpy as np
 from numba import njit
 
-from seed.agents.muzero.search.compiled_tree import backup_leaves, expand_leaves
+from seed.agents.muzero.search.compiled_tree import (
+    backup_leaves,
+    expand_leaves,
+    gather_embeddings,
+    store_embeddings,
+)
 from seed.agents.muzero.search.tree import EDGE_VISITS, LOGITS, PRIOR, RAW_VALUE, VISITS, Q
 
 MAXVISIT_INIT, VALUE_SCALE, PRIOR_FLOOR, SPAN_FLOOR, LOW_LOGIT = range(5)
@@ -130,15 +135,20 @@ def gumbel_descend(node: np.ndarray, edge: np.ndarray, child_row: np.ndarray, nu
 def gumbel_step(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, child_row: np.ndarray,
                 num_nodes: int, min_q: np.ndarray, max_q: np.ndarray, gumbel_logits: np.ndarray,
                 considered_visits: np.ndarray, root_invalid: np.ndarray, params: np.ndarray,
-                leaf_parents: np.ndarray, leaf_actions: np.ndarray, k: int, reward: np.ndarray,
-                discount: np.ndarray, value: np.ndarray, logits: np.ndarray) -> None:
+                leaf_parents: np.ndarray, leaf_actions: np.ndarray, flat_embedding: np.ndarray, gathered: np.ndarray,
+                move: bool, k: int, reward: np.ndarray, discount: np.ndarray, value: np.ndarray, logits: np.ndarray,
+                new_embedding: np.ndarray) -> None:
     """Between two network calls: ends simulation k - 1 (k > 0: expands its leaves into node k and backs them up;
     min_q and max_q are left alone) and starts simulation k (k < S: its descent, with considered_visits [S, B] row
-    k, into leaf_parents[k], leaf_actions[k] ([S, B] int64))."""
+    k, into leaf_parents[k], leaf_actions[k] ([S, B] int64)). The embedding arguments as in puct_step."""
     if k > 0:
+        if move:
+            store_embeddings(flat_embedding, num_nodes, k, new_embedding)
         expand_leaves(node, node_index, edge, child_row, num_nodes, k, leaf_parents[k - 1], leaf_actions[k - 1],
                       reward, discount, value, logits)
         backup_leaves(node, node_index, edge, num_nodes, k, min_q, max_q, False)
     if k < leaf_parents.shape[0]:
         gumbel_descend(node, edge, child_row, num_nodes, gumbel_logits, considered_visits[k], root_invalid, params,
                        leaf_parents[k], leaf_actions[k])
+        if move:
+            gather_embeddings(flat_embedding, leaf_parents[k], gathered[k])

@@ -20,7 +20,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from seed.agents.muzero.search.compiled_tree import backup_leaves, expand_leaves, first_argmax
+from seed.agents.muzero.search.compiled_tree import (
+    backup_leaves,
+    expand_leaves,
+    first_argmax,
+    gather_embeddings,
+    store_embeddings,
+)
 from seed.agents.muzero.search.tree import EDGE_VISITS, PRIOR, VISITS, Q
 
 
@@ -79,15 +85,22 @@ def puct_descend(node: np.ndarray, edge: np.ndarray, child_row: np.ndarray, num_
 @njit(cache=True, error_model="numpy", nogil=True)
 def puct_step(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, child_row: np.ndarray, num_nodes: int,
               min_q: np.ndarray, max_q: np.ndarray, root_invalid: np.ndarray, terms: np.ndarray,
-              leaf_parents: np.ndarray, leaf_actions: np.ndarray, k: int, reward: np.ndarray,
-              discount: np.ndarray, value: np.ndarray, logits: np.ndarray) -> None:
+              leaf_parents: np.ndarray, leaf_actions: np.ndarray, flat_embedding: np.ndarray, gathered: np.ndarray,
+              move: bool, k: int, reward: np.ndarray, discount: np.ndarray, value: np.ndarray, logits: np.ndarray,
+              new_embedding: np.ndarray) -> None:
     """Between two network calls: ends simulation k - 1 (k > 0: expands its leaves into node k with the network's
     reward, discount, value [B] and logits [B, A], and backs them up) and starts simulation k (k < S: its descent
-    into leaf_parents[k], leaf_actions[k]; leaf_parents, leaf_actions [S, B] int64)."""
+    into leaf_parents[k], leaf_actions[k]; leaf_parents, leaf_actions [S, B] int64). move: the embedding is one
+    array, flat_embedding [B * N + 1, E]: the new nodes' new_embedding [B, E] is stored and the next parents'
+    gathered into gathered[k] ([S, B, E]) here (else the caller moves them and these are placeholders)."""
     if k > 0:
+        if move:
+            store_embeddings(flat_embedding, num_nodes, k, new_embedding)
         expand_leaves(node, node_index, edge, child_row, num_nodes, k, leaf_parents[k - 1], leaf_actions[k - 1],
                       reward, discount, value, logits)
         backup_leaves(node, node_index, edge, num_nodes, k, min_q, max_q, True)
     if k < leaf_parents.shape[0]:
         puct_descend(node, edge, child_row, num_nodes, min_q, max_q, root_invalid, terms, leaf_parents[k],
                      leaf_actions[k])
+        if move:
+            gather_embeddings(flat_embedding, leaf_parents[k], gathered[k])

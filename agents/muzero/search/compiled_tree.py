@@ -90,6 +90,21 @@ def expand_leaves(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, ch
             edge[leaf, PRIOR, a] = exps[a] / total
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def store_embeddings(flat: np.ndarray, num_nodes: int, new_node: int, new_embedding: np.ndarray) -> None:
+    """An embedding that is one array flat [B * N + 1, E] (the tree's store): copies new_embedding [B, E] (the
+    network's output) into node `new_node` of every tree."""
+    for b in range(new_embedding.shape[0]):
+        flat[b * num_nodes + new_node] = new_embedding[b]
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def gather_embeddings(flat: np.ndarray, parent_rows: np.ndarray, gathered: np.ndarray) -> None:
+    """Copies the rows parent_rows [B] of flat [B * N + 1, E] into gathered [B, E] (the network's next input)."""
+    for b in range(parent_rows.shape[0]):
+        gathered[b] = flat[parent_rows[b]]
+
+
 @njit(cache=True, error_model="numpy")
 def backup_leaves(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, num_nodes: int, new_node: int,
                   min_q: np.ndarray, max_q: np.ndarray, min_max: bool) -> None:
