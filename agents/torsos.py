@@ -52,7 +52,7 @@ def conv_on_frames(conv: nn.Conv2d, frames: torch.Tensor) -> torch.Tensor:
 
     The 1/255 is folded into the kernel (conv is linear: conv(x / 255, W) = conv(x, W / 255)), so the frames are
     only converted to float. On a CPU learner the division was 14% of an R2D2 training step on Pong (a pass over
-    [T x B, 4, 84, 84] floats per forward; docs/ARCHITECTURE.md). Parameters and checkpoints are unchanged.
+    [T x B, 4, 84, 84] floats per forward; docs/performance/README.md). Parameters and checkpoints are unchanged.
     """
     if frames.dtype != torch.uint8:
         return conv(frames.float())

@@ -6,7 +6,7 @@ munmap on free, so each training step's large activations (an R2D2 batch of 32 x
 cores (`python -m seed.bench.compute_cost --preset=pong_r2d2 --torch_threads=1`, a learning run on the other
 core): a training step took 1,379-1,775 ms with 3.2 s of system time per run, and 959-1,003 ms with 0.7-0.9 s
 once mmap is off and freed memory stays in the heap; on quiet cores the gain varies from run to run
-(docs/ARCHITECTURE.md). PyTorch's CPU performance guide recommends jemalloc or tcmalloc for the same reason;
+(docs/performance/README.md). PyTorch's CPU performance guide recommends jemalloc or tcmalloc for the same reason;
 these two mallopt settings need no extra package.
 
 The cost: the process keeps the high-water mark of its heap (freed tensors are reused, not returned to the
