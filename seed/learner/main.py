@@ -53,13 +53,10 @@ def define_learner_flags() -> None:
     """The framework's flags, then each agent's own, grouped in --helpfull under the agents that have them."""
     define_flags(LearnerConfig)
     owners = flag_owners()
-    defined = {f.name for f in dataclasses.fields(LearnerConfig)}
-    for name in registry.names():
-        fields = [f.name for f in dataclasses.fields(registry.config_class(name)) if f.name not in defined]
-        for group in sorted({tuple(owners[field]) for field in fields}):
-            define_flags(registry.config_class(name), module_name=f"agent flags: {', '.join(group)}",
-                         skip=set(owners) - {field for field in fields if tuple(owners[field]) == group})
-        defined.update(fields)
+    for group in sorted({tuple(agents) for agents in owners.values() if agents}):
+        members = {field for field, agents in owners.items() if tuple(agents) == group}
+        define_flags(registry.config_class(group[0]), module_name=f"agent flags: {', '.join(group)}",
+                     skip=set(owners) - members)
 
 
 def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
@@ -253,7 +250,7 @@ def main(argv: list[str]) -> None:
 # each run torch ops on their own OpenMP team, beside the actors on the same cores; spinning teams take the cores
 # from each other. Measured on 2 cores (`--preset=pong_r2d2`, two 60 s rounds): 1.02-1.07 training steps/s and
 # 2,957-3,120 FPS with libgomp's default, 1.22-1.30 and 3,602-3,789 with PASSIVE; V-trace Pong unchanged
-# (docs/ARCHITECTURE.md). libgomp reads the variable when torch loads, so it is set here, before anything imports
+# (docs/performance/README.md). libgomp reads the variable when torch loads, so it is set here, before anything imports
 # torch; the environment's value wins.
 OMP_WAIT_POLICY_DEFAULT = "PASSIVE"
 
