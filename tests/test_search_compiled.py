@@ -20,12 +20,22 @@ from seed.agents.muzero.search.compiled_puct import puct_action, visit_terms
 from seed.agents.muzero.search.compiled_tree import backup_leaves, expand_leaves
 from seed.agents.muzero.search.gumbel import LOW_LOGIT, MIN_Q_RANGE, refresh_choices
 from seed.agents.muzero.search.puct import backup, refresh
-from seed.agents.muzero.search.reference import MinMaxStats, Node, reference_gumbel_search, select_child
+from seed.agents.muzero.search.reference import (
+    GumbelNode,
+    MinMaxStats,
+    Node,
+    completed_q_sigma_scalar,
+    interior_action_scalar,
+    reference_gumbel_search,
+    root_action_scalar,
+    select_child,
+)
 from seed.agents.muzero.search.tree import (
     DEPTH,
     DISCOUNT,
     EDGE_VALUES,
     EDGE_VISITS,
+    LOGITS,
     PARENT_ROW,
     PRIOR,
     RAW_VALUE,
@@ -328,6 +338,22 @@ def test_backup_leaves_gives_the_numpy_backup(seed):
     assert (t.node_index[:-1, DEPTH] >= 3).any() and (t.node[:-1, DISCOUNT] == 0).any()  # deep, with terminals
 
 
+def gumbel_reference_node(t, row: int) -> GumbelNode:
+    """The scalar Gumbel reference's view of tree row `row`: its visits and network value, and its children's
+    prior, logit, visits, value sum, reward and discount."""
+    node = GumbelNode(1.0, 0.0)
+    node.visit_count, node.raw_value = int(t.node[row, VISITS]), float(t.node[row, RAW_VALUE])
+    for action in range(t.edge.shape[2]):
+        child = GumbelNode(float(t.edge[row, PRIOR, action]), float(t.edge[row, LOGITS, action]))
+        child_row = t.child_row[row, action]
+        if child_row != row:
+            child.visit_count = int(t.node[child_row, VISITS])
+            child.value_sum = float(t.node[child_row, VALUE_SUM])
+            child.reward, child.discount = float(t.node[child_row, REWARD]), float(t.node[child_row, DISCOUNT])
+        node.children[action] = child
+    return node
+
+
 def reference_node(t, row: int) -> Node:
     """The scalar reference's view of tree row `row`: its visits and its children's prior, visits, value sum,
     reward and discount."""
@@ -382,9 +408,11 @@ def test_puct_action_gives_the_scalar_and_numpy_choices(seed):
 
 
 @pytest.mark.parametrize("seed", range(4))
-def test_gumbel_actions_give_the_numpy_choices(seed):
+def test_gumbel_actions_give_the_scalar_and_numpy_choices(seed):
     """Every node of a random tree: the compiled root pick (sequential halving over the actions with the
-    considered visits) and interior pick agree with gumbel.refresh_choices."""
+    considered visits) and interior pick agree with gumbel.refresh_choices and with the scalar reference's
+    root_action_scalar and interior_action_scalar, and the compiled sigma(completed Q) with
+    completed_q_sigma_scalar's."""
     config = SearchConfig(algorithm="gumbel")
     tree = random_tree(seed, num_actions=6)
     t = tree.arrays
@@ -396,18 +424,31 @@ def test_gumbel_actions_give_the_numpy_choices(seed):
     invalid[:, 0] = seed % 2 == 1
     params = gumbel_params(config.maxvisit_init, config.value_scale, MIN_Q_RANGE, LOW_LOGIT, t.node.dtype)
     sigma = np.empty(a)
+    compared_roots = 0
     for considered in (0.0, 1.0, 2.0):
         considered_visit = np.full(b, considered)
         refresh_choices(t, rows, gumbel_logits.T.copy(), considered_visit, invalid.T.copy(), config)
         for row in rows:
             tree_index = t.row_tree[row]
             completed_q_sigma(t.edge, row, t.node[row, VISITS], t.node[row, RAW_VALUE], params, sigma)
+            node = gumbel_reference_node(t, row)
+            np.testing.assert_allclose(sigma, completed_q_sigma_scalar(node, config), rtol=1e-12, atol=1e-12)
             if row == t.base[tree_index]:
                 action = root_action(t.edge, row, sigma, gumbel_logits, considered, invalid, tree_index, params)
             else:
                 action = interior_action(t.edge, row, t.node[row, VISITS], sigma)
             assert action == t.choice[row], f"row {row}, considered {considered}: compiled {action}, numpy " \
                                             f"{t.choice[row]}"
+            if row != t.base[tree_index]:
+                assert interior_action_scalar(node, config) == action, f"row {row}: the scalar reference disagrees"
+                continue
+            logits = t.edge[row, LOGITS]
+            reference = root_action_scalar(node, config, list(gumbel_logits[tree_index] - logits),
+                                           list(invalid[tree_index]), int(considered))
+            if reference >= 0:  # -1: no valid action has the considered visits (the searches never ask then)
+                assert reference == action, f"root {row}, considered {considered}: the scalar reference disagrees"
+                compared_roots += 1
+    assert compared_roots >= b  # most roots have actions with the visits asked
 
 
 # --- the backend flag and the package's imports --------------------------------------------------------------
