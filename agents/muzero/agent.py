@@ -111,6 +111,7 @@ def check_config(config: LearnerConfig) -> None:
         ("td_age_updates", config.td_age_updates >= 0, ">= 0 (0 = no off-policy correction)"),
         ("visit_temperature", config.visit_temperature >= 0, ">= 0"),
         ("reanalyse_ratio", 0 <= config.reanalyse_ratio <= 1, ">= 0 and <= 1 (the fraction of a batch reanalysed)"),
+        ("reanalyse_workers", config.reanalyse_workers >= 0, ">= 0 (0 = reanalyse inside each update)"),
     ]
     for name, ok, expected in checks:
         if not ok:
@@ -135,6 +136,11 @@ class MuZeroAgent(contract.Agent):
     @classmethod
     def describe_config(cls, config: Any) -> dict[str, Any]:
         return describe_config(config)
+
+    @classmethod
+    def batch_workers(cls, config: Any) -> int:
+        """--reanalyse_workers: the processes that reanalyse batches beside the trainer (none without reanalysis)."""
+        return config.reanalyse_workers if config.reanalyse_ratio > 0 else 0
 
     @classmethod
     def evaluation_policy(cls, config: Any) -> str:
@@ -310,6 +316,17 @@ class MuZeroAgent(contract.Agent):
         network, and the pass's metrics (agents/muzero/reanalysis.py)."""
         return reanalyse_batch(self, batch, train_steps)
 
+    def preparation_network(self) -> tuple[nn.Module, int]:
+        """--reanalyse_workers: the workers reanalyse with the target network (its version: `target_version`)."""
+        return self.target_network, self.target_version
+
+    def prepare_batch(self, batch: TrainingBatch, train_steps: int, version: int
+                      ) -> tuple[TrainingBatch, dict[str, float]]:
+        """--reanalyse_workers, in a batch worker (seed/training/batch_workers.py): `reanalyse_batch` with the target
+        network of update `version` (a multiple of target_update_interval, so it is `target_version` here)."""
+        self.train_steps = version
+        return self.reanalyse_batch(batch, train_steps)
+
     def loss(self, batch: TrainingBatch) -> LossOutput:
         """EfficientZero's loss on every start of every sampled sequence (agents/muzero/losses.py)."""
         return muzero_loss(self, batch)
@@ -319,7 +336,7 @@ class MuZeroAgent(contract.Agent):
         """One optimizer step on the loss; with --reanalyse_ratio the batch's policy targets are searched again
         with the target network first (its metrics are logged beside the loss's)."""
         reanalysis: dict[str, float] = {}
-        if self.config.reanalyse_ratio > 0:
+        if self.config.reanalyse_ratio > 0 and not self.batch_workers(self.config):  # else reanalysed in a worker
             if step.shard is not None:
                 share, loss_scale = step.shard.batch(batch)
                 share, reanalysis = self.reanalyse_batch(share, step.train_steps)

@@ -28,6 +28,10 @@ class MuZeroConfig(AgentConfig, NetworkOptions, ReplayOptions):
                                          "(EfficientZero's reanalysis; 1 = every sequence, SpeedyZero's full "
                                          "reanalysis; 0 = the policies stored at acting). Runs where the update "
                                          "runs: the training process, or the learner's training thread.")
+    reanalyse_workers: int = option(0, "MuZero: with --reanalyse_ratio > 0, processes that reanalyse each sampled "
+                                       "batch beside the training process (SpeedyZero), batch k + 1 while batch k "
+                                       "trains, with the target network synced to them at each target update; "
+                                       "0 = reanalyse inside each update. Needs --training_process.")
     value_prefix_horizon: int = option(5, "MuZero: the value-prefix LSTM is reset every this many model steps.")
     value_support_size: int = option(300, "MuZero: value logits over the atoms -S..S of h(value).")
     reward_support_size: int = option(300, "MuZero: value-prefix logits over the atoms -S..S of h(prefix).")

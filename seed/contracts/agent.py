@@ -32,6 +32,10 @@ Instance members (the learner, the training process, inference and seed-eval):
     initial_priorities(unrolls)     priorities of sequences entering the replay
     priorities(unrolls, network, target_network, version)  Priority Refresh's priorities of stored sequences
     target_network          the network priorities bootstrap from, None if none
+  with batch workers (optional; seed/training/batch_workers.py):
+    batch_workers(config)   class-level: processes that prepare each batch beside the trainer (default 0: none)
+    preparation_network()   the network prepare_batch reads and its version, synced to the workers
+    prepare_batch(batch, train_steps, version)  the batch the update trains, made in a worker
 """
 
 from __future__ import annotations
@@ -214,6 +218,29 @@ class Agent(abc.ABC):
         agent's own step count is not it (with the training process the learner's agent never trains). Needed
         when `uses_replay`."""
         raise NotImplementedError(f"{type(self).__name__} uses a replay but has no priority function")
+
+    # ---- batch workers (optional) ----
+
+    @classmethod
+    def batch_workers(cls, config: Any) -> int:
+        """Worker processes that run `prepare_batch` on every training batch beside the trainer, so that batch
+        k + 1 is prepared while batch k trains (seed/training/batch_workers.py; needs --training_process). An agent
+        that prepares its batches there must not prepare them again in `update`. Default: 0, none."""
+        return 0
+
+    def preparation_network(self) -> tuple[nn.Module, int]:
+        """The network `prepare_batch` reads (MuZero: its target network) and its version: updates made when its
+        parameters were taken. The training process copies it to the workers whenever the version changes.
+        Needed when `batch_workers` > 0."""
+        raise NotImplementedError(f"{type(self).__name__} asks for batch workers but names no network for them")
+
+    def prepare_batch(self, batch: TrainingBatch, train_steps: int, version: int
+                      ) -> tuple[TrainingBatch, dict[str, float]]:
+        """In a batch worker: the batch the update will train (tensors of `batch` it replaces are new ones, the
+        others `batch`'s own; `batch` is not written) and metrics to log with that update. `train_steps`: the
+        trainer's updates made when the batch was handed over; `version`: that of the parameters in
+        `preparation_network()` now. Needed when `batch_workers` > 0."""
+        raise NotImplementedError(f"{type(self).__name__} asks for batch workers but has no prepare_batch")
 
 
 def gradient_step(network: nn.Module, loss_fn: Callable[[TrainingBatch], LossOutput], batch: TrainingBatch,

@@ -170,6 +170,10 @@ def validate(config: LearnerConfig) -> None:
     if config.training_process and config.deterministic:
         raise ValueError("--training_process: got true with --deterministic, expected false: a bit-identical run "
                          "trains in the learner process")
+    workers = type(config).agent_class.batch_workers(config)
+    if workers and not config.training_process:
+        raise ValueError(f"--training_process: got false with {workers} batch worker(s) of --agent={config.agent}, "
+                         "expected true (the workers hand their batches to the training process)")
     inference_devices = [d.strip() for d in config.inference_devices.split(",") if d.strip()]
     if config.deterministic:
         refusals = [

@@ -47,7 +47,7 @@ class LearnerSupervision:
         self.watchdog = Watchdog(stop)
         self.watchdog.watch(*self.inference_threads, sink.thread, *experience.threads())
         if training_process is not None:
-            self.watchdog.watch(training_process.feeder)
+            self.watchdog.watch(*training_process.threads())
         if priority_refresher is not None:
             self.watchdog.watch(priority_refresher.thread)
         self.watchdog.watch_latest(lambda: serving.events_thread)

@@ -59,6 +59,7 @@ from seed.envs.base import EnvSpec
 from seed.inference.parameter_publisher import copy_tensors
 from seed.learner.supervised_thread import SupervisedThread
 from seed.training import data_parallel, liveness
+from seed.training.batch_workers import BatchWorkerDied, BatchWorkers
 from seed.training.liveness import TrainingFault, TrainingProgress, die_with_parent, step_allowance_s
 from seed.training.optimizers import make_optimizer
 from seed.training.shared_parameters import ParametersHalfWritten, SharedParameters
@@ -157,12 +158,15 @@ class TrainingLinks:
         1..N-1: None (rank 0 reports for them all).
       parameters: rank 0: the shared parameters it publishes after every update; ranks 1..N-1: None.
       progress: rank 0: the progress record the learner watches (seed/training/liveness.py); ranks 1..N-1: None.
+      preparation: rank 0 with batch workers: the shared copy of the agent's preparation network it writes when
+        that network's version changes (seed/training/batch_workers.py); else None.
     """
 
     commands: Any
     results: Any = None
     parameters: SharedParameters | None = None
     progress: TrainingProgress | None = None
+    preparation: SharedParameters | None = None
 
 
 def _child_main(spec: TrainingProcessSpec, links: TrainingLinks) -> None:
@@ -254,6 +258,9 @@ class _Trainer:
         self.slowest_update_s = 0.0
         self.lock_wait_reported = -1  # the update whose long wait for the lock was reported
         self.slots: list[Unroll] = []
+        self.preparation = links.preparation
+        self.preparation_version = agent.preparation_network()[1] if self.preparation is not None else -1
+        self.idle_since: float | None = None  # when the last command was done (None before the first update)
 
     def report_idle(self) -> None:
         self.progress.report(liveness.IDLE, self.train_steps, self.timeout_s)
@@ -263,19 +270,28 @@ class _Trainer:
         kind = command[0]
         if kind == "slots":
             self.slots = command[1]
-        elif kind == "batch":
-            _, slot, importance_weights = command
-            self._train(slot, importance_weights)
+        elif kind == "batch":  # (batch, slot, weights[, (the preparation's version, its metrics)])
+            _, slot, importance_weights, *prepared = command
+            self._train(slot, importance_weights, *prepared)
         elif kind == "state":
             self._send_state()
         elif kind == "stop":
             return False
         else:
             raise ValueError(f"training process command: got {kind!r}, expected slots, batch, state or stop")
+        if kind == "batch":
+            self.idle_since = time.perf_counter()
         return True
 
-    def _train(self, slot: int, importance_weights: np.ndarray | None) -> None:
-        """One update on the batch in `slot`; rank 0 then publishes it (ranks 1..N-1 only train)."""
+    def _train(self, slot: int, importance_weights: np.ndarray | None,
+               prepared: tuple[int, dict[str, float]] | None = None) -> None:
+        """One update on the batch in `slot`; rank 0 then publishes it (ranks 1..N-1 only train). `prepared`: the
+        version of the parameters a batch worker prepared it with and the worker's metrics (None without workers).
+
+        Logs training_process/batch_wait_ms (from the previous update's end to this one's start: the trainer's
+        wait for a batch) and, with batch workers, batch_workers/staleness_updates (updates between the
+        preparation's parameters and the parameters this update trains)."""
+        waited_ms = None if self.idle_since is None else (time.perf_counter() - self.idle_since) * 1e3
         progress, fault = self.progress, self.fault
         progress.report(liveness.TRAINING, self.train_steps + 1, step_allowance_s(self.timeout_s,
                                                                                    self.slowest_update_s))
@@ -302,6 +318,14 @@ class _Trainer:
             return
         self.slowest_update_s = max(self.slowest_update_s, time.perf_counter() - start)
         result.values["training_process/step_ms"] = step_ms
+        if waited_ms is not None:
+            result.values["training_process/batch_wait_ms"] = waited_ms
+        if prepared is not None:
+            version, values = prepared
+            result.values.update(values)
+            result.values["batch_workers/staleness_updates"] = float(self.train_steps - 1 - version)
+        if self.preparation is not None:
+            self._write_preparation()
         priorities = None if result.priorities is None else result.priorities.detach().cpu().double().numpy()
         self._publish(slot, result.values, priorities)
 
@@ -319,6 +343,16 @@ class _Trainer:
         values["publish_ms"] = (time.perf_counter() - publish_start) * 1e3
         progress.report(liveness.WAITING_FOR_LEARNER, train_steps, math.inf)
         self.results.send(("step", slot, train_steps, values, priorities))
+
+    def _write_preparation(self) -> None:
+        """Rank 0 with batch workers: the preparation network into its shared copy when its version changed."""
+        network, version = self.agent.preparation_network()
+        if version == self.preparation_version:
+            return
+        self.progress.report(liveness.COPYING, self.train_steps, self.timeout_s)  # a worker holds it for a copy
+        with self.preparation.writing(version, lambda waited_s: None) as shared:
+            _copy_parameters(shared, network)
+        self.preparation_version = version
 
     def _wait_for_learner(self, waited_s: float) -> None:
         """While the learner holds the parameter lock: it is alive (else the kernel would have released the lock
@@ -351,7 +385,11 @@ class TrainingProcess:
       next_batch: timeout_s -> TrainingBatch or None on the CPU (the FIFO experience's prefetched batches, or
         batches sampled from the replay).
       stop: the learner's stop event.
-      depth: batch slots: batches the feeder can hand over before the child returns one.
+      depth: batch slots: batches the feeder can hand over before the child returns one (plus one per batch
+        worker, each preparing one of them).
+
+    With batch workers (`Agent.batch_workers(config)` > 0, seed/training/batch_workers.py) the feeder hands each
+    batch to a worker, and a collector thread hands the prepared batch to the child.
     """
 
     def __init__(self, config: LearnerConfig, spec: EnvSpec, agent: Any, optimizer: torch.optim.Optimizer,
@@ -366,6 +404,12 @@ class TrainingProcess:
         self._results, child_results = self._context.Pipe(duplex=False)
         self._child_ends = (child_commands, child_results)
         initial_state = to_bytes(agent.state_dict(), optimizer.state_dict())
+        workers = type(config).agent_class.batch_workers(config)
+        self.preparation = SharedParameters(agent.preparation_network()[0].state_dict(),
+                                            agent.preparation_network()[1]) if workers else None
+        self.workers = (BatchWorkers(config, spec, workers, self.preparation, self._context, self.timeout_s)
+                        if workers else None)
+        self._prepared_weights: dict[int, np.ndarray | None] = {}  # slot -> its batch's importance weights
         # --training_devices: ranks 1..N-1 are the learner's children too (they die with it); they meet rank 0
         # through a store served here.
         self.devices = data_parallel.parse_devices(config.training_devices) or [config.training_device]
@@ -375,7 +419,8 @@ class TrainingProcess:
         rank_zero = TrainingProcessSpec(config, spec, initial_state, train_steps, os.getpid(), 0, world, port)
         self.process = self._context.Process(
             target=_child_main, name="seed-training",
-            args=(rank_zero, TrainingLinks(child_commands, child_results, self.parameters, self.progress)),
+            args=(rank_zero, TrainingLinks(child_commands, child_results, self.parameters, self.progress,
+                                           self.preparation)),
             daemon=True)
         self.ranks = [self.process]
         self._rank_commands = [self._commands]
@@ -389,7 +434,7 @@ class TrainingProcess:
                 daemon=True))
         self._next_batch = next_batch
         self._stop = stop
-        self._depth = depth
+        self._depth = depth + workers
         self._slots: list[Unroll] = []
         self._free: queue.Queue[int] = queue.Queue()
         self._replay_keys: dict[int, tuple[object, object]] = {}  # slot -> its batch's (replay indices, generations)
@@ -402,6 +447,11 @@ class TrainingProcess:
         self._batches_left = config.max_train_steps - train_steps if config.max_train_steps else None
         self._batches_sent = 0
         self.feeder = SupervisedThread(self._feed, "training-feeder")
+        self.collector = SupervisedThread(self._collect, "batch-collector") if workers else None
+
+    def threads(self) -> list[threading.Thread]:
+        """The threads `start` starts, for the learner's watchdog."""
+        return [self.feeder] if self.collector is None else [self.feeder, self.collector]
 
     def start(self) -> None:
         """Starts the child and the feeder. The child dies with the thread that calls this (its parent-death
@@ -412,6 +462,9 @@ class TrainingProcess:
         # Our copies of the child's pipe ends: closed, so that the child's exit reads as EOF here and ours there.
         for end in self._child_ends:
             end.close()
+        if self.workers is not None:
+            self.workers.start()
+            self.collector.start()
         self.feeder.start()
 
     def alive(self) -> bool:
@@ -461,6 +514,8 @@ class TrainingProcess:
                 self._slots = [batch.unrolls.map(lambda t: torch.empty_like(t, device="cpu").share_memory_())
                                for _ in range(self._depth)]
                 self._send_all(("slots", self._slots))
+                if self.workers is not None:
+                    self.workers.send_slots(self._slots)
                 for slot in range(self._depth):
                     self._free.put(slot)
             while not self._may_send() and not self._stop.is_set():
@@ -471,8 +526,23 @@ class TrainingProcess:
             _copy_into(self._slots[slot], batch.unrolls)
             self._replay_keys[slot] = (batch.replay_indices, batch.replay_generations)
             weights = None if batch.importance_weights is None else batch.importance_weights.cpu().numpy()
-            self._send_all(("batch", slot, weights))
+            if self.workers is None:
+                self._send_all(("batch", slot, weights))
+            else:  # the collector sends it once prepared
+                self._prepared_weights[slot] = weights
+                if not self.workers.submit(slot, self.parameters.version, self._stop):
+                    return
             self._batches_sent += 1
+
+    def _collect(self) -> None:
+        """Collector thread (batch workers): hands each prepared batch to the child, with the version of the
+        parameters it was prepared with and the worker's metrics."""
+        while not self._stop.is_set():
+            prepared = self.workers.next_prepared(0.2)
+            if prepared is None:
+                continue
+            slot, version, values = prepared
+            self._send_all(("batch", slot, self._prepared_weights.pop(slot), (version, values)))
 
     def _may_send(self) -> bool:
         return self._batches_left is None or self._batches_sent - self.dropped_batches < self._batches_left
@@ -547,6 +617,11 @@ class TrainingProcess:
         if self.process.pid is None or self._stopped:
             return
         self._raise_if_a_rank_died()
+        if self.workers is not None:
+            try:
+                self.workers.check()
+            except BatchWorkerDied as error:
+                raise TrainingProcessDied(str(error)) from None
         reason = self.progress.overdue()
         if reason is not None:
             if not self.process.is_alive():
@@ -589,6 +664,10 @@ class TrainingProcess:
         self._stopped = True
         if self.feeder.ident is not None:
             self.feeder.join(timeout=10)
+        if self.workers is not None:
+            if self.collector.ident is not None:
+                self.collector.join(timeout=10)
+            self.workers.stop()
         for process, commands in zip(self.ranks, self._rank_commands, strict=True):
             if process.is_alive():
                 try:
@@ -606,6 +685,8 @@ class TrainingProcess:
             end.close()
         if not self.process.is_alive():
             self.parameters.close()
+            if self.preparation is not None:
+                self.preparation.close()
 
 
 def _copy_into(target: Unroll, source: Unroll) -> None:
