@@ -28,9 +28,8 @@ from seed.agents.muzero.search.types import RecurrentFn, SearchConfig
 
 
 def _host(x: Tensor, dtype: torch.dtype) -> np.ndarray:
-    """A recurrent output in the tree's dtype as a numpy array, not copied: Numba compiles a version of the step
-    for each combination of contiguous and strided outputs it meets (a copy per output and simulation would cost
-    more than the step's arithmetic)."""
+    """A recurrent output in the tree's dtype as a numpy array, not copied (a strided slice stays strided: Numba
+    compiles a version of the step for each combination of contiguous and strided outputs it meets, once)."""
     return (x if x.dtype == dtype else x.to(dtype)).numpy()
 
 
