@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from seed.contracts.training import TrainingBatch, Unroll
 
 UPDATES = 20
+UPDATES_MUZERO = 8
 
 
 def _agent_and_config(agent_name: str):
@@ -34,10 +35,24 @@ def _agent_and_config(agent_name: str):
         values.update(burn_in=2, target_update_interval=5)
     if agent_name == "ppo":  # minibatches of 4, 3 and 3 columns: shares of 2 + 2 and 2 + 1 (unequal, scaled)
         values.update(ppo_epochs=2, ppo_minibatches=3, sync="async")
+    if agent_name == "muzero":  # 5 starts per sequence, each unrolled K = 5 steps with n = 5 step targets;
+        # Adam's epsilon 1e-3: at 1e-7 Adam turns the rounding noise of gradients that are 0 in exact arithmetic
+        # (the biases before the projection's BatchNorm) into steps of a tenth of the learning rate.
+        values.update(burn_in=9, num_simulations=2, target_update_interval=5, td_age_updates=0, adam_epsilon=1e-3)
     config = resolve_config(values)
     torch.manual_seed(0)
     spec = make_spec(config.env)
-    return agent_class(agent_name)(spec, config), spec, config
+    agent = agent_class(agent_name)(spec, config)
+    if agent_name == "muzero":
+        # Every weight moved off its initialisation (MuZero's heads start at zero). Even so MuZero's loss amplifies
+        # rounding after some updates: one trainer on 1 and on 2 threads ends 4e-3 apart after 20 updates, so
+        # MuZero compares UPDATES_MUZERO updates (where two ranks and one trainer agree to 6e-7).
+        generator = torch.Generator().manual_seed(1)
+        with torch.no_grad():
+            for parameter in agent.network.parameters():
+                parameter.add_(0.2 * torch.randn(parameter.shape, generator=generator))
+        agent.target_network.load_state_dict(agent.network.state_dict())
+    return agent, spec, config
 
 
 def _batches(spec, config, agent_name: str) -> list[TrainingBatch]:
@@ -48,7 +63,7 @@ def _batches(spec, config, agent_name: str) -> list[TrainingBatch]:
 
     state_template = agent_class(agent_name)(spec, config).initial_state(b)
     batches = []
-    for _ in range(UPDATES):
+    for _ in range(UPDATES_MUZERO if agent_name == "muzero" else UPDATES):
         steps = {
             "observation": torch.from_numpy(rng.normal(size=(length, b, *spec.observation_shape)).astype(np.float32)),
             "reward": torch.from_numpy(rng.normal(size=(length, b)).astype(np.float32)),
@@ -62,9 +77,18 @@ def _batches(spec, config, agent_name: str) -> list[TrainingBatch]:
         steps["q_values" if agent_name == "r2d2" else "policy_logits"] = outputs
         if agent_name == "ppo":
             steps["baseline"] = torch.from_numpy(rng.normal(size=(length, b)).astype(np.float32))
+        if agent_name == "muzero":
+            steps["search_policy"] = torch.softmax(outputs, -1)
+            steps["root_value"] = torch.from_numpy(rng.normal(size=(length, b)).astype(np.float32))
+            steps["policy_version"] = torch.zeros(length, b, dtype=torch.int64)
+            # Uneven padding: fresh envs' first sequences start with invalid steps, in rank 0's share only, so
+            # the ranks' shares have different numbers of trained starts (the loss's mean runs over those).
+            for column in range(b // 2):
+                steps["valid"][:int(rng.integers(0, 6)), column] = False
         state = {k: torch.from_numpy(rng.normal(size=v.shape).astype(np.float32)) if v.is_floating_point() else v
                  for k, v in state_template.items()}
-        weights = (torch.from_numpy(rng.uniform(0.2, 1.0, b).astype(np.float32)) if agent_name == "r2d2" else None)
+        weights = (torch.from_numpy(rng.uniform(0.2, 1.0, b).astype(np.float32)) if agent_name in ("r2d2", "muzero")
+                   else None)
         batches.append(TrainingBatch(Unroll(steps, state, torch.arange(b)), weights))
     return batches
 
@@ -97,7 +121,7 @@ def _rank(rank: int, world: int, store_path: str, agent_name: str, out_path: str
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("agent_name", ["vtrace", "r2d2", "ppo"])
+@pytest.mark.parametrize("agent_name", ["vtrace", "r2d2", "ppo", "muzero"])
 def test_two_cpu_ranks_train_the_same_parameters_as_one_trainer_on_the_whole_batch(tmp_path, agent_name):
     torch.set_num_threads(1)
     expected, expected_priorities = _train(agent_name)
@@ -111,7 +135,7 @@ def test_two_cpu_ranks_train_the_same_parameters_as_one_trainer_on_the_whole_bat
         assert torch.equal(ranks[0]["parameters"][name], ranks[1]["parameters"][name]), name
         # ... and they are one trainer's on the whole batches, to float rounding.
         torch.testing.assert_close(ranks[0]["parameters"][name], tensor, rtol=1e-4, atol=1e-5, msg=name)
-    if agent_name == "r2d2":  # the whole batch's priorities, in batch order, every update
+    if agent_name in ("r2d2", "muzero"):  # the whole batch's priorities, in batch order, every update
         for step, priorities in enumerate(expected_priorities):
             torch.testing.assert_close(ranks[0]["priorities"][step], priorities, rtol=1e-4, atol=1e-5,
                                        msg=f"update {step}")

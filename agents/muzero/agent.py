@@ -28,7 +28,13 @@ import torch
 from torch import nn
 
 from seed.agents.muzero.config import MuZeroConfig
-from seed.agents.muzero.losses import muzero_loss, predicted_values, start_priorities, value_targets
+from seed.agents.muzero.losses import (
+    muzero_loss,
+    predicted_values,
+    start_priorities,
+    trained_starts,
+    value_targets,
+)
 from seed.agents.muzero.networks import MLPMuZeroNetwork, MuZeroNetwork, ResNetMuZeroNetwork
 from seed.agents.muzero.reanalysis import reanalyse_batch
 from seed.agents.muzero.targets import support_to_scalar, unroll_masks
@@ -334,16 +340,22 @@ class MuZeroAgent(contract.Agent):
     def update(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, step: contract.UpdateStep
                ) -> contract.UpdateOutput:
         """One optimizer step on the loss; with --reanalyse_ratio the batch's policy targets are searched again
-        with the target network first (its metrics are logged beside the loss's)."""
+        with the target network first (its metrics are logged beside the loss's).
+
+        With a shard (--training_devices) each rank trains its columns, its loss scaled by world x its trained
+        starts / the whole batch's (`data_parallel_share`): the loss is a mean over trained starts, not over
+        columns, so the averaged gradient is the whole batch's whatever the padding. Each rank reanalyses its own
+        columns."""
+        share = None if step.shard is None else data_parallel_share(batch, step.shard, self.config.unroll_length)
         reanalysis: dict[str, float] = {}
         if self.config.reanalyse_ratio > 0 and not self.batch_workers(self.config):  # else reanalysed in a worker
-            if step.shard is not None:
-                share, loss_scale = step.shard.batch(batch)
-                share, reanalysis = self.reanalyse_batch(share, step.train_steps)
-                return _with_values(contract.gradient_step(self.network, self.loss, batch, optimizer, step,
-                                                           share=(share, loss_scale)), reanalysis)
-            batch, reanalysis = self.reanalyse_batch(batch, step.train_steps)
-        return _with_values(contract.gradient_step(self.network, self.loss, batch, optimizer, step), reanalysis)
+            if share is not None:
+                columns, reanalysis = self.reanalyse_batch(share[0], step.train_steps)
+                share = (columns, share[1])
+            else:
+                batch, reanalysis = self.reanalyse_batch(batch, step.train_steps)
+        return _with_values(contract.gradient_step(self.network, self.loss, batch, optimizer, step, share=share),
+                            reanalysis)
 
     def after_update(self, train_steps: int) -> None:
         self.train_steps = train_steps
@@ -368,6 +380,16 @@ def replay_sequence_bytes(spec: EnvSpec, config: LearnerConfig) -> int:
     frame = int(np.prod(spec.observation_shape)) * np.dtype(spec.observation_dtype).itemsize
     step_bytes = frame + 4 + 1 + 1 + 8 + 8 + 1 + 8 + 4 * spec.num_actions + 4
     return length * step_bytes + (spec.frame_stack - 1) * frame + 8
+
+
+def data_parallel_share(batch: TrainingBatch, shard: contract.GradientShard, unroll_length: int
+                        ) -> tuple[TrainingBatch, float]:
+    """This rank's columns of `batch` and its loss scale world x (its trained starts) / (the batch's), so that the
+    ranks' averaged gradient of their scaled losses (each a mean over its own trained starts) is the gradient of
+    the whole batch's loss (a mean over all of them). 0 for a rank, or a batch, with no trained start."""
+    columns, _ = shard.batch(batch)
+    whole = trained_starts(batch.unrolls, unroll_length)
+    return columns, shard.world * trained_starts(columns.unrolls, unroll_length) / max(1, whole)
 
 
 def _with_values(output: contract.UpdateOutput, values: dict[str, float]) -> contract.UpdateOutput:

@@ -61,6 +61,12 @@ def start_priorities(start_value: torch.Tensor, targets: torch.Tensor, start_mas
     return sequence_priorities(start_value - targets, start_mask, eta) + PRIORITY_EPSILON
 
 
+def trained_starts(unrolls: Unroll, unroll_length: int) -> int:
+    """How many starts the loss of sequences [L, B] averages over: the valid steps among each sequence's first
+    `unroll_length` (the padding in front of a fresh env's first sequence is not trained)."""
+    return int(unrolls.valid[:unroll_length].sum())
+
+
 def clipped_rewards(unrolls: Unroll, config: LearnerConfig) -> torch.Tensor:
     """Rewards [L, B] as the loss sees them: clipped to [-max_abs_reward, max_abs_reward] when that is set."""
     reward = unrolls.reward.float()
@@ -148,7 +154,7 @@ def muzero_loss(agent: Agent, batch: TrainingBatch) -> LossOutput:
              "consistency": c.consistency_cost}
     weights = batch.importance_weights if batch.importance_weights is not None else torch.ones(batch_size)
     weights = weights.to(latent.device).float()
-    positions = masks["start"][0].sum().clamp(min=1)
+    positions = max(1, trained_starts(unrolls, starts))  # = masks["start"][0].sum()
     total = torch.zeros((), device=latent.device)
     metrics: dict[str, Any] = {}
     for name, terms in per_step.items():

@@ -21,6 +21,14 @@ normalisation over each minibatch (the whole minibatch's, then sharded); the pol
 largest lag any rank saw (`Shard.agreed_lag`), so every rank drops or trains a batch alike. Logged loss metrics are rank 0's
 share's; gradient_norm is the averaged gradient's (the whole batch's).
 R2D2: each rank computes its sequences' priorities; rank 0 gathers them in batch order (`gather_columns`).
+An agent whose loss is a mean over something else passes its own scale (MuZero: over the trained starts of its
+sequences, which padding makes unequal between equal column shares).
+
+Batch norm: a network's BatchNorm layers in training mode normalise with their batch's statistics, which would be
+each rank's share's; `synchronise_batch_norm` (called with every data-parallel update) swaps them for
+`SyncedBatchNorm`, whose statistics (and their gradients) are those of every rank's share together (torch's
+SyncBatchNorm semantics, which torch implements for GPUs only): the same forward, backward and running statistics
+as one trainer's BatchNorm on the whole batch.
 """
 
 from __future__ import annotations
@@ -30,6 +38,7 @@ import datetime
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 from seed.contracts.training import TrainingBatch, Unroll
 
@@ -148,3 +157,77 @@ def select_columns(unrolls: Unroll, index: torch.Tensor) -> Unroll:
                   unrolls.env_id.index_select(0, index))
 
 
+
+
+class _AllReduceSum(torch.autograd.Function):
+    """The sum over the ranks, differentiable: the gradient of every rank's input is the sum of the ranks'
+    output gradients (each rank's loss depends on every rank's input through the sum)."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:  # noqa: ANN001 - autograd's signature
+        total = x.clone()
+        dist.all_reduce(total)
+        return total
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:  # noqa: ANN001
+        total = grad.clone()
+        dist.all_reduce(total)
+        return total
+
+
+def _sum_over_ranks(x: torch.Tensor) -> torch.Tensor:
+    return _AllReduceSum.apply(x) if torch.is_grad_enabled() and x.requires_grad else _AllReduceSum.forward(None, x)
+
+
+class SyncedBatchNorm(nn.modules.batchnorm._BatchNorm):
+    """BatchNorm (1d or 2d: input [N, C, ...]) whose training-mode statistics are those of every rank's input
+    together: mean and biased variance over all ranks' N x ... elements of each channel (two all_reduces, the
+    second of the centred squares), the running variance updated with the unbiased one, as nn.BatchNorm does on
+    the whole batch. In eval mode, or without a process group of several ranks, it is nn.BatchNorm. Every rank
+    must run the same layers in the same order (the ranks' graphs are the same)."""
+
+    def _check_input_dim(self, input: torch.Tensor) -> None:  # noqa: A002 - torch's name
+        if input.dim() < 2:
+            raise ValueError(f"SyncedBatchNorm input: got {input.dim()} dimensions, expected [N, C, ...]")
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or not dist.is_initialized() or dist.get_world_size() == 1:
+            return super().forward(x)
+        dims = [0, *range(2, x.dim())]
+        shape = [1, -1] + [1] * (x.dim() - 2)
+        count = x.new_full((1,), float(x.numel() // x.shape[1]))
+        sums = _sum_over_ranks(torch.cat([x.sum(dims), count]))
+        n = sums[-1]
+        mean = sums[:-1] / n
+        centred = x - mean.view(shape)
+        variance = _sum_over_ranks(centred.pow(2).sum(dims)) / n
+        if self.track_running_stats:
+            with torch.no_grad():
+                self.num_batches_tracked.add_(1)
+                factor = self.momentum if self.momentum is not None else 1.0 / float(self.num_batches_tracked)
+                self.running_mean.mul_(1.0 - factor).add_(mean.detach(), alpha=factor)
+                self.running_var.mul_(1.0 - factor).add_(variance.detach() * (n / (n - 1)), alpha=factor)
+        out = centred * torch.rsqrt(variance + self.eps).view(shape)
+        if self.affine:
+            out = out * self.weight.view(shape) + self.bias.view(shape)
+        return out
+
+
+def synchronise_batch_norm(network: nn.Module) -> int:
+    """Replaces every nn.BatchNorm1d / 2d of `network` by a SyncedBatchNorm holding the same parameter and buffer
+    tensors (the optimizer's parameters, the state dict's names and values stay as they are); returns how many were
+    replaced (0 once done)."""
+    replaced = 0
+    for module in list(network.modules()):
+        for name, child in list(module.named_children()):
+            if isinstance(child, (nn.BatchNorm1d, nn.BatchNorm2d)):
+                synced = SyncedBatchNorm(child.num_features, child.eps, child.momentum, child.affine,
+                                         child.track_running_stats)
+                synced.weight, synced.bias = child.weight, child.bias
+                for buffer in ("running_mean", "running_var", "num_batches_tracked"):
+                    setattr(synced, buffer, getattr(child, buffer))
+                synced.train(child.training)
+                setattr(module, name, synced)
+                replaced += 1
+    return replaced

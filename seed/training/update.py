@@ -14,7 +14,7 @@ import torch
 from seed.config import LearnerConfig
 from seed.contracts.agent import Agent, UpdateStep
 from seed.contracts.training import TrainingBatch, Unroll
-from seed.training.data_parallel import Shard
+from seed.training.data_parallel import Shard, synchronise_batch_norm
 from seed.training.optimizer_stats import adam_step_fraction
 
 OPTIMIZER_STATS_EVERY = 50  # train steps between samples of optimizer/adam_step_fraction
@@ -47,6 +47,8 @@ def train_on_batch(agent: Agent, optimizer: torch.optim.Optimizer, batch: Traini
         lag = shard.agreed_lag(lag)
     if config.max_policy_lag and lag > config.max_policy_lag:
         return StepResult(False, {})
+    if shard is not None:  # batch norm over every rank's share (a no-op after the first update)
+        synchronise_batch_norm(agent.network)
     output = agent.update(batch, optimizer, UpdateStep(train_steps, config.grad_clip_norm, shard))
     values, priorities = output.values, output.priorities
     values["policy_lag_updates"] = lag
