@@ -320,7 +320,9 @@ class MuZeroAgent(contract.Agent):
     def reanalyse_batch(self, batch: TrainingBatch, train_steps: int) -> tuple[TrainingBatch, dict[str, float]]:
         """--reanalyse_ratio: the batch with fresh policy targets for its first sequences, searched with the target
         network, and the pass's metrics (agents/muzero/reanalysis.py)."""
-        return reanalyse_batch(self, batch, train_steps)
+        return reanalyse_batch(batch, train_steps, config=self.config, stacked_observations=self.stacked_observations,
+                               search=self._search, network=self.target_network,
+                               network_version=self.target_version)
 
     def preparation_network(self) -> tuple[nn.Module, int]:
         """--reanalyse_workers: the workers reanalyse with the target network (its version: `target_version`)."""
@@ -335,7 +337,8 @@ class MuZeroAgent(contract.Agent):
 
     def loss(self, batch: TrainingBatch) -> LossOutput:
         """EfficientZero's loss on every start of every sampled sequence (agents/muzero/losses.py)."""
-        return muzero_loss(self, batch)
+        return muzero_loss(self.network, self.target_network, batch, self.config, self.train_steps,
+                           self.stacked_observations)
 
     def update(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, step: contract.UpdateStep
                ) -> contract.UpdateOutput:

@@ -21,9 +21,11 @@ network's value at the start), like R2D2's sequence priorities.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch import nn
 from torch.nn import functional as F
 
 from seed.agents.muzero.targets import (
@@ -38,10 +40,6 @@ from seed.agents.muzero.targets import (
 )
 from seed.config import LearnerConfig
 from seed.contracts.training import LossOutput, TrainingBatch, Unroll
-
-if TYPE_CHECKING:
-    from seed.agents.muzero.agent import Agent
-
 
 PRIORITY_EPSILON = 1e-6  # no sequence's priority is 0 (it would never be sampled again)
 
@@ -94,30 +92,60 @@ def scale_gradient(x: torch.Tensor, scale: float) -> torch.Tensor:
     return x * scale + x.detach() * (1.0 - scale)
 
 
-def muzero_loss(agent: Agent, batch: TrainingBatch) -> LossOutput:
-    c = agent.config
-    network, unrolls = agent.network, batch.unrolls
+def unroll_targets(unrolls: Unroll, bootstrap: torch.Tensor, config: LearnerConfig, train_steps: int
+                   ) -> dict[str, torch.Tensor]:
+    """The targets of every unroll step k of every start s < unroll_length of sequences [L, B], each [K + 1, U, B]
+    (policy: [K + 1, U, B, A]), from the bootstrap values [L, B] (the target network's), with their masks:
+
+      value, value_mask    z[s + k] while s + k is in the start's episode and has a target; 0 (a known target)
+                           in the absorbing state after a termination inside the unroll
+      prefix, reward_mask  the value prefix: rewards of the edges since the last LSTM reset, the absorbing
+                           state's edges adding 0 (reward_mask: unroll_masks' "reward", False at k = 0)
+      policy, alive        the search policy stored at s + k while in the start's episode
+      start                the start is a trained step (not padding)
+    """
+    starts, k_steps = config.unroll_length, config.unroll_steps
+    z, z_mask = value_targets(unrolls, bootstrap, config, train_steps)
+    masks = unroll_masks(unrolls.done, unrolls.truncated, unrolls.valid, starts, k_steps)
+    alive, absorbed = masks["alive"], masks["absorbed"]
+    edge_rewards = gather_unroll(clipped_rewards(unrolls, config), starts, k_steps) * masks["edge_alive"]
+    return {
+        "value": torch.where(absorbed, torch.zeros_like(z[:1]), gather_unroll(z, starts, k_steps)),
+        "value_mask": (alive & gather_unroll(z_mask, starts, k_steps)) | absorbed,
+        "prefix": value_prefix_targets(edge_rewards, config.value_prefix_horizon),
+        "reward_mask": masks["reward"],
+        "policy": gather_unroll(unrolls.search_policy.float(), starts, k_steps),
+        "alive": alive,
+        "start": masks["start"],
+        "z": z,
+        "z_mask": z_mask,
+    }
+
+
+def muzero_loss(network: nn.Module, target_network: nn.Module, batch: TrainingBatch, config: LearnerConfig,
+                train_steps: int, stacked_observations: Callable[[Unroll], torch.Tensor]) -> LossOutput:
+    """The loss of `network` on `batch` (see the module docstring), value targets bootstrapped with
+    `target_network` at the horizons of parameter version `train_steps`; `stacked_observations` maps sequences
+    [L, B] to the stacked observations [L, B, S, *frame] the networks read (the agent's frame stacking)."""
+    c = config
+    unrolls = batch.unrolls
     length, batch_size = unrolls.reward.shape
     starts, k_steps = c.unroll_length, c.unroll_steps
     if length < starts + k_steps + c.td_steps:
         raise ValueError(f"training batch: got sequences of {length} steps, expected >= unroll_length + unroll_steps"
                          f" + td_steps = {starts + k_steps + c.td_steps}")
-    stacked = agent.stacked_observations(unrolls).flatten(0, 1)  # [L * B, S, *frame]
+    stacked = stacked_observations(unrolls).flatten(0, 1)  # [L * B, S, *frame]
 
     # Every stored position through the representation once: the starts' latents (with gradient) and the
     # consistency targets (their projections, detached).
     latent_all = network.represent(stacked)
     latent_shape = latent_all.shape[1:]
     with torch.no_grad():
-        bootstrap = predicted_values(agent.target_network, stacked, length, batch_size)
-        z, z_mask = value_targets(unrolls, bootstrap, c, agent.train_steps)
-        masks = unroll_masks(unrolls.done, unrolls.truncated, unrolls.valid, starts, k_steps)
-        alive, absorbed = masks["alive"], masks["absorbed"]
-        value_target = torch.where(absorbed, torch.zeros_like(z[:1]), gather_unroll(z, starts, k_steps))
-        value_mask = (alive & gather_unroll(z_mask, starts, k_steps)) | absorbed
-        edge_rewards = gather_unroll(clipped_rewards(unrolls, c), starts, k_steps) * masks["edge_alive"]
-        prefix_target = value_prefix_targets(edge_rewards, c.value_prefix_horizon)
-        policy_target = gather_unroll(unrolls.search_policy.float(), starts, k_steps)
+        bootstrap = predicted_values(target_network, stacked, length, batch_size)
+        targets = unroll_targets(unrolls, bootstrap, c, train_steps)
+        z, z_mask, alive = targets["z"], targets["z_mask"], targets["alive"]
+        value_target, value_mask = targets["value"], targets["value_mask"]
+        prefix_target, policy_target = targets["prefix"], targets["policy"]
         projection_target = network.project(latent_all.detach(), with_predictor=False).detach()
         projection_target = gather_unroll(projection_target.view(length, batch_size, -1), starts, k_steps)
         actions = gather_unroll(unrolls.action, starts, k_steps)  # [K + 1, U, B]
@@ -144,8 +172,8 @@ def muzero_loss(agent: Agent, batch: TrainingBatch) -> LossOutput:
         if k % c.value_prefix_horizon == 0:
             lstm = (torch.zeros_like(lstm[0]), torch.zeros_like(lstm[1]))
         add_predictions(k, policy_logits, value_logits)
-        add("reward", k, _cross_entropy(prefix_logits, scalar_to_support(prefix_target[k].flatten(0, 1),
-                                                                         c.reward_support_size)), masks["reward"])
+        prefix_support = scalar_to_support(prefix_target[k].flatten(0, 1), c.reward_support_size)
+        add("reward", k, _cross_entropy(prefix_logits, prefix_support), targets["reward_mask"])
         predicted = network.project(latent, with_predictor=True)
         similarity = F.cosine_similarity(predicted, projection_target[k].flatten(0, 1), dim=-1)
         add("consistency", k, -similarity, alive)
@@ -154,7 +182,7 @@ def muzero_loss(agent: Agent, batch: TrainingBatch) -> LossOutput:
              "consistency": c.consistency_cost}
     weights = batch.importance_weights if batch.importance_weights is not None else torch.ones(batch_size)
     weights = weights.to(latent.device).float()
-    positions = max(1, trained_starts(unrolls, starts))  # = masks["start"][0].sum()
+    positions = max(1, trained_starts(unrolls, starts))  # = targets["start"][0].sum()
     total = torch.zeros((), device=latent.device)
     metrics: dict[str, Any] = {}
     for name, terms in per_step.items():
@@ -165,7 +193,7 @@ def muzero_loss(agent: Agent, batch: TrainingBatch) -> LossOutput:
         metrics[f"losses/{name}"] = float(term.detach())
     metrics["losses/total"] = float(total.detach())
 
-    start_mask = masks["start"][0] & z_mask[:starts]
+    start_mask = targets["start"][0] & z_mask[:starts]
     errors = start_value - z[:starts]
     priorities = start_priorities(start_value, z[:starts], start_mask, c.priority_eta)
     count = start_mask.sum().clamp(min=1)

@@ -20,14 +20,13 @@ network the batch trains: here the target network's age, train_steps minus the u
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from collections.abc import Callable
+from typing import Any
 
 import torch
+from torch import nn
 
 from seed.contracts.training import TrainingBatch, Unroll
-
-if TYPE_CHECKING:
-    from seed.agents.muzero.agent import Agent
 
 
 def reanalysed_columns(batch_size: int, ratio: float) -> int:
@@ -37,18 +36,25 @@ def reanalysed_columns(batch_size: int, ratio: float) -> int:
     return min(batch_size, max(1, round(ratio * batch_size)))
 
 
+# (network, stacked observations [N, S, *frame], evaluate [N] bool) -> the search's SearchOutput (search/types.py)
+SearchFunction = Callable[[nn.Module, torch.Tensor, torch.Tensor], Any]
+
+
 @torch.no_grad()
-def reanalyse_batch(agent: Agent, batch: TrainingBatch, train_steps: int) -> tuple[TrainingBatch, dict[str, float]]:
+def reanalyse_batch(batch: TrainingBatch, train_steps: int, *, config: Any,
+                    stacked_observations: Callable[[Unroll], torch.Tensor], search: SearchFunction,
+                    network: nn.Module, network_version: int) -> tuple[TrainingBatch, dict[str, float]]:
     """The batch with the policy targets (`search_policy` [L, B, A]) and root values (`root_value` [L, B]) of its
-    first reanalysed sequences recomputed with the target network; the tensors of `batch` are not written (the
-    batch may live in a shared-memory slot).
+    first reanalysed sequences recomputed by `search` with `network` (the target network, of parameter version
+    `network_version`), as the training envs search (root noise, evaluate False); the tensors of `batch` are not
+    written (the batch may live in a shared-memory slot). config: reanalyse_ratio, unroll_length, unroll_steps;
+    stacked_observations: sequences [L, B] -> the networks' stacked observations [L, B, S, *frame].
 
     Returns the new batch and metrics: reanalysis/ms (wall time of the pass), reanalysis/searches (roots searched),
     reanalysis/staleness_updates (the target network's age in updates), reanalysis/stored_policy_age_updates (mean
     age, in updates, of the replaced targets' acting network) and reanalysis/policy_change (mean total-variation
     distance between the stored and the new policy targets of valid positions).
     """
-    config = agent.config
     unrolls = batch.unrolls
     length, batch_size = unrolls.reward.shape
     columns = reanalysed_columns(batch_size, config.reanalyse_ratio)
@@ -56,10 +62,10 @@ def reanalyse_batch(agent: Agent, batch: TrainingBatch, train_steps: int) -> tup
         return batch, {}
     start = time.perf_counter()
     positions = min(length, config.unroll_length + config.unroll_steps)
-    stacked = agent.stacked_observations(unrolls)[:positions, :columns]  # [P, C, S, *frame]
+    stacked = stacked_observations(unrolls)[:positions, :columns]  # [P, C, S, *frame]
     roots = positions * columns
     training_rows = torch.zeros(roots, dtype=torch.bool, device=stacked.device)  # root noise, as when acting
-    out = agent._search(agent.target_network, stacked.flatten(0, 1), training_rows)
+    out = search(network, stacked.flatten(0, 1), training_rows)
     new_policy = out.action_weights.float().view(positions, columns, -1)
 
     stored_policy = unrolls.search_policy
@@ -78,7 +84,7 @@ def reanalyse_batch(agent: Agent, batch: TrainingBatch, train_steps: int) -> tup
     metrics = {
         "reanalysis/ms": (time.perf_counter() - start) * 1e3,
         "reanalysis/searches": float(roots),
-        "reanalysis/staleness_updates": float(train_steps - agent.target_version),
+        "reanalysis/staleness_updates": float(train_steps - network_version),
         "reanalysis/stored_policy_age_updates": float((age * valid).sum() / count),
         "reanalysis/policy_change": float((change * valid).sum() / count),
     }
