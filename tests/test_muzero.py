@@ -546,3 +546,105 @@ def test_a_gumbel_policy_target_without_value_differences_is_the_prior(tmp_path)
     assert out.tree.depth.amax() >= 2  # values and rewards read below the root too
     target = out.action_weights[:, 0]
     assert float(target.min()) > 0.975, target
+
+
+# --- the loss's parts by hand ------------------------------------------------------------------------------------
+
+
+def test_start_priorities_by_hand():
+    """A sequence's priority eta max |v - z| + (1 - eta) mean |v - z| over its trained starts, + 1e-6.
+    Column 0, every start: |e| = (0.5, 0.5, 3): 0.9 * 3 + 0.1 * 4 / 3 = 2.833333. Column 1, the middle start
+    masked: |e| = (1, -, 2): 0.9 * 2 + 0.1 * 1.5 = 1.95. Column 2, nothing trained: the floor 1e-6."""
+    from seed.agents.muzero.losses import PRIORITY_EPSILON, start_priorities
+
+    value = torch.tensor([[1.0, 0.0, 5.0], [2.0, 10.0, 5.0], [3.0, -1.0, 5.0]])
+    target = torch.tensor([[0.5, 1.0, 0.0], [2.5, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    mask = torch.tensor([[True, True, False], [True, False, False], [True, True, False]])
+    priorities = start_priorities(value, target, mask, 0.9)
+    assert PRIORITY_EPSILON == 1e-6
+    torch.testing.assert_close(priorities, torch.tensor([2.7 + 0.4 / 3, 1.95, 0.0]) + 1e-6)
+
+
+class _ProbeNetwork(torch.nn.Module):
+    """Identity representation and dynamics, zero heads; the projection is the latent and the predictor adds
+    `offset`: the consistency loss compares latent + offset with the target latent, so a smaller offset is a
+    prediction closer to the target (the observations of a sequence are all the same vector)."""
+
+    def __init__(self, offset: torch.Tensor, value_support: int, reward_support: int):
+        super().__init__()
+        self.offset, self.value_support, self.reward_support = offset, value_support, reward_support
+        self.bias = torch.nn.Parameter(torch.zeros(()))  # something to differentiate
+
+    def represent(self, stacked):
+        return stacked.flatten(1) + self.bias
+
+    def predict(self, latent):
+        rows = latent.shape[0]
+        return torch.zeros(rows, 4) + self.bias, torch.zeros(rows, 2 * self.value_support + 1) + self.bias
+
+    def initial_inference(self, stacked):
+        latent = self.represent(stacked)
+        return (latent, *self.predict(latent))
+
+    def initial_state_lstm(self, rows, device):
+        return torch.zeros(rows, 1), torch.zeros(rows, 1)
+
+    def recurrent_inference(self, latent, action, lstm):
+        prefix = torch.zeros(latent.shape[0], 2 * self.reward_support + 1) + self.bias
+        return (latent, prefix, lstm, *self.predict(latent))
+
+    def project(self, latent, with_predictor):
+        return latent + self.offset if with_predictor else latent
+
+
+def test_the_consistency_loss_is_lower_for_a_prediction_closer_to_its_target(tmp_path):
+    """The consistency term is the negative cosine similarity (SimSiam): an exact prediction scores -1 per trained
+    unroll step, a prediction further off scores higher. Seen failing with the sign flipped (+similarity)."""
+    from seed.agents.muzero.losses import muzero_loss
+
+    config = _config(tmp_path)
+    agent = Agent(_spec(), config)
+    unrolls = Unroll.stack(_hand_unrolls(config, count=2))
+    unrolls.steps["observation"] = torch.ones_like(unrolls.observation)  # every latent is the vector of ones
+    unrolls.steps["done"] = torch.zeros_like(unrolls.done)  # every unroll step in its start's episode
+    batch = TrainingBatch(unrolls, torch.ones(2))
+    consistency = []
+    for scale in (0.0, 0.5, 4.0):
+        offset = scale * torch.tensor([1.0, -1.0] * 4)
+        network = _ProbeNetwork(offset, config.value_support_size, config.reward_support_size)
+        out = muzero_loss(network, network, batch, config, 0, agent.stacked_observations)
+        consistency.append(out.metrics["losses/consistency"])
+    # Exact: -1 for each of the K unroll steps of every start, each weighted 1 / K: -1 per start.
+    assert consistency[0] == pytest.approx(-1.0)
+    assert consistency[0] < consistency[1] < consistency[2]
+
+
+def test_targets_after_a_termination_inside_the_unroll_are_the_absorbing_states(tmp_path):
+    """One sequence with reward[t] = t + 1 (the action at step t earns reward[t + 1]), a termination at step 3
+    (the action at step 2 was the episode's last), bootstrap values 10 t, discount 0.5, n = 5, K = 5.
+    z[0] = reward[1] + 0.5 reward[2] + 0.25 reward[3] = 2 + 1.5 + 1 = 4.5 (terminal: no bootstrap),
+    z[1] = 3 + 0.5 * 4 = 5, z[2] = 4. Start 1: k = 0, 1 are in its episode (positions 1, 2), k >= 2 the absorbing
+    state after the end: value target 0 (masked in), value prefixes that stop growing (the absorbing edges earn
+    0), reward targets masked in at every k >= 1. Seen failing with the absorbing value override removed (the
+    next episode's z[3] = 5 + 0.5 * 6 + ... at k = 2)."""
+    from seed.agents.muzero.losses import unroll_targets
+
+    config = _config(tmp_path, discounting=0.5, unroll_length=2, max_abs_reward=0.0)
+    length = config.burn_in + config.unroll_length + 1  # 12
+    done = torch.zeros(length, 1, dtype=torch.bool)
+    done[3] = True
+    steps = dict(observation=torch.zeros(length, 1, 8), reward=torch.arange(1.0, length + 1).unsqueeze(1), done=done,
+                 truncated=torch.zeros(length, 1, dtype=torch.bool), valid=torch.ones(length, 1, dtype=torch.bool),
+                 action=torch.zeros(length, 1, dtype=torch.long), policy_version=torch.zeros(length, 1, dtype=torch.long),
+                 search_policy=torch.full((length, 1, 4), 0.25))
+    targets = unroll_targets(Unroll(steps, {}, torch.arange(1)), 10.0 * torch.arange(float(length)).unsqueeze(1),
+                             config, 0)
+    assert targets["value"][:, 1, 0].tolist() == [5.0, 4.0, 0.0, 0.0, 0.0, 0.0]
+    assert targets["value_mask"][:, 1, 0].all()
+    # Value prefixes: reward[2], + reward[3] (the episode's last), then the absorbing state's zeros.
+    assert targets["prefix"][:, 1, 0].tolist() == [0.0, 3.0, 7.0, 7.0, 7.0, 7.0]
+    assert targets["reward_mask"][:, 1, 0].tolist() == [False, True, True, True, True, True]
+    assert targets["alive"][:, 1, 0].tolist() == [True, True, False, False, False, False]
+    # Start 0: in its episode for k = 0..2 (positions 0-2), absorbed from k = 3 on.
+    assert targets["value"][:, 0, 0].tolist() == [4.5, 5.0, 4.0, 0.0, 0.0, 0.0]
+    assert targets["prefix"][:, 0, 0].tolist() == [0.0, 2.0, 5.0, 9.0, 9.0, 9.0]
