@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from seed.config import burn_in_steps
 from seed.contracts.training import TrainingBatch, Unroll
 
 UPDATES = 20
@@ -58,7 +59,7 @@ def _agent_and_config(agent_name: str):
 def _batches(spec, config, agent_name: str) -> list[TrainingBatch]:
     """UPDATES fixed random batches [L, B, ...] (the same in every process)."""
     rng = np.random.default_rng(7)
-    length, b = config.burn_in + config.unroll_length + 1, config.batch_size
+    length, b = burn_in_steps(config) + config.unroll_length + 1, config.batch_size
     from seed.agents import agent_class
 
     state_template = agent_class(agent_name)(spec, config).initial_state(b)
