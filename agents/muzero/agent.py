@@ -330,10 +330,10 @@ class MuZeroAgent(contract.Agent):
 
     def prepare_batch(self, batch: TrainingBatch, train_steps: int, version: int
                       ) -> tuple[TrainingBatch, dict[str, float]]:
-        """--reanalyse_workers, in a batch worker (seed/training/batch_workers.py): `reanalyse_batch` with the target
-        network of update `version` (a multiple of target_update_interval, so it is `target_version` here)."""
-        self.train_steps = version
-        return self.reanalyse_batch(batch, train_steps)
+        """--reanalyse_workers, in a batch worker (seed/training/batch_workers.py): the reanalysis `reanalyse_batch`
+        makes inline, with the worker's target network, which holds the parameters of update `version`."""
+        return reanalyse_batch(batch, train_steps, config=self.config, stacked_observations=self.stacked_observations,
+                               search=self._search, network=self.target_network, network_version=version)
 
     def loss(self, batch: TrainingBatch) -> LossOutput:
         """EfficientZero's loss on every start of every sampled sequence (agents/muzero/losses.py)."""

@@ -10,7 +10,10 @@ pass here: the loss bootstraps them from the target network at every update (age
 
 Where it runs: inside the update (seed/training/update.py), so in the training process by default, or on the learner's
 training thread with --notraining_process; never on the inference thread. With --training_devices each rank
-reanalyses the sequences of its own share.
+reanalyses the sequences of its own share. With --reanalyse_workers=N it runs instead in N processes beside the
+training process (seed/training/batch_workers.py, the agent's `prepare_batch`), batch k + 1 while batch k trains,
+with the target network they were last sent (at each target update); the trainer's update logs the staleness at
+training time (batch_workers/staleness_updates) and its wait for a batch (training_process/batch_wait_ms).
 
 Staleness (SpeedyZero's "reanalyse staleness"): updates between the network that reanalysed a batch and the
 network the batch trains: here the target network's age, train_steps minus the update it was copied at
