@@ -109,3 +109,25 @@ def test_a_learner_with_a_reanalyse_worker_trains_logs_it_and_ends_naming_it_whe
     output = processes.output(learner)
     assert code != 0, output[-3000:]
     assert f"batch worker 0 of 1 (pid {worker.pid}) exited with code -9" in output, output[-3000:]
+
+
+def test_a_stopped_worker_is_killed_past_its_allowance_and_the_learner_ends_naming_it(processes, tmp_path):
+    """SIGSTOP (a worker that never finishes its batch): after --training_process_timeout_s on one batch the learner
+    kills it and exits non-zero naming it, instead of waiting for it forever."""
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    args = dict(preset="cartpole_muzero", logdir=logdir, server_address=address, log_interval_s=0.5,
+                num_simulations=4, replay_min_size=4, checkpoint_interval_s=3600, torch_threads=1,
+                reanalyse_ratio=1.0, reanalyse_workers=1, training_process_timeout_s=10)
+    learner = processes.learner([f"--{k}={v}" for k, v in args.items()] + ["--training_process"])
+    processes.actor(["--preset=cartpole_muzero", f"--server_address={address}", "--actor_index=0"], "actor0")
+    wait_for(lambda: any(row.get("train_steps", 0) >= 3 for row in read_metrics(logdir)), 150, "3 updates",
+             on_timeout=lambda: processes.output(learner))
+    worker = _worker_of(learner)
+    os.kill(worker.pid, signal.SIGSTOP)
+    stopped_at = time.monotonic()
+    code = learner.wait(timeout=60)
+    assert time.monotonic() - stopped_at < 30
+    output = processes.output(learner)
+    assert code != 0, output[-3000:]
+    assert f"batch worker 0 of 1 (pid {worker.pid}) hung:" in output and "killed it" in output, output[-3000:]

@@ -157,6 +157,8 @@ class BatchWorkers:
         self._busy: dict[int, tuple[int, float]] = {}  # worker -> (its slot, when it was handed over)
         self._prepared_by: list[int] = [0] * count  # batches each worker finished
         self._lock = threading.Lock()
+        self._check_lock = threading.Lock()  # the collector thread and the learner's main thread both check
+        self._failure: str | None = None  # the first verdict, given again to every later check
 
     def start(self) -> None:
         """Starts the workers; they die with the thread that calls this (their parent-death signal)."""
@@ -204,16 +206,24 @@ class BatchWorkers:
 
     def check(self) -> None:
         """Raises BatchWorkerDied naming the first worker that exited, or that has spent longer than its allowance
-        on one batch (it is killed first)."""
+        on one batch (it is killed first); once raised, every later call raises the same."""
+        with self._check_lock:
+            if self._failure is None:
+                self._failure = self._find_failure()
+            if self._failure is not None:
+                raise BatchWorkerDied(self._failure)
+
+    def _find_failure(self) -> str | None:
+        """The message naming the first worker that exited or hung (killing a hung one), None while all are well."""
         for index, process in enumerate(self.processes):
             if process.pid is not None and not process.is_alive():
                 process.join(timeout=5)
                 with self._lock:
                     slot = self._busy.get(index, (None,))[0]
                 doing = "idle" if slot is None else f"preparing the batch in slot {slot}"
-                raise BatchWorkerDied(f"batch worker {index} of {len(self.processes)} (pid {process.pid}) exited with "
-                                      f"code {process.exitcode} while {doing} (its traceback, if any, is above): the "
-                                      "learner cannot get prepared batches without it")
+                return (f"batch worker {index} of {len(self.processes)} (pid {process.pid}) exited with code "
+                        f"{process.exitcode} while {doing} (its traceback, if any, is above): the learner cannot get "
+                        "prepared batches without it")
         now = time.monotonic()
         with self._lock:
             busy = dict(self._busy)
@@ -223,9 +233,10 @@ class BatchWorkers:
                 process = self.processes[index]
                 process.kill()
                 process.join(timeout=5)
-                raise BatchWorkerDied(f"batch worker {index} of {len(self.processes)} (pid {process.pid}) hung: "
-                                      f"{now - since:.1f} s on the batch in slot {slot}, allowed {allowed:g} s (from "
-                                      "--training_process_timeout_s); killed it")
+                return (f"batch worker {index} of {len(self.processes)} (pid {process.pid}) hung: {now - since:.1f} s "
+                        f"on the batch in slot {slot}, allowed {allowed:g} s (from --training_process_timeout_s); "
+                        "killed it")
+        return None
 
     def stop(self) -> None:
         """Tells every worker to stop (each finishes the batch it is on), then kills any left after 10 s."""
