@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from seed.config import ActorConfig, EnvOptions, LearnerConfig
+from seed.config import ActorConfig, EnvOptions
+from seed.learner.main import learner_fields
 from tests.conftest import REPO
 
 K8S_DIR = os.path.join(REPO, "launch", "k8s")
@@ -31,7 +32,7 @@ OVERLAYS = {
 # kubernetes-validate bundles is checked too.
 MIN_K8S_VERSION = "1.27.0"
 LEARNER, ACTOR, TENSORBOARD = "seed-learner", "seed-actor", "seed-tensorboard"
-LEARNER_FIELDS = {f.name for f in dataclasses.fields(LearnerConfig)}
+LEARNER_FIELDS = set(learner_fields())  # the framework's flags and every agent's
 ACTOR_FIELDS = {f.name for f in dataclasses.fields(ActorConfig)}
 ENV_FIELDS = {f.name for f in dataclasses.fields(EnvOptions)}
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z_]\w*)(?:=(\S*))?")
