@@ -43,8 +43,8 @@ from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
 from seed.contracts.storage import torch_dtype
-from seed.envs.base import EnvSpec
 from seed.contracts.training import LossOutput, TrainingBatch, Unroll
+from seed.envs.base import EnvSpec
 
 # EfficientZero's Atari 100k configuration (efficientzero_facts.md, SpeedyZero Table 6) where this framework has
 # the setting. Not EfficientZero's: Adam instead of SGD 0.2 (the framework's optimizer), grayscale 84 x 84 frames
