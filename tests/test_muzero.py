@@ -635,7 +635,8 @@ def test_targets_after_a_termination_inside_the_unroll_are_the_absorbing_states(
     done[3] = True
     steps = dict(observation=torch.zeros(length, 1, 8), reward=torch.arange(1.0, length + 1).unsqueeze(1), done=done,
                  truncated=torch.zeros(length, 1, dtype=torch.bool), valid=torch.ones(length, 1, dtype=torch.bool),
-                 action=torch.zeros(length, 1, dtype=torch.long), policy_version=torch.zeros(length, 1, dtype=torch.long),
+                 action=torch.zeros(length, 1, dtype=torch.long),
+                 policy_version=torch.zeros(length, 1, dtype=torch.long),
                  search_policy=torch.full((length, 1, 4), 0.25))
     targets = unroll_targets(Unroll(steps, {}, torch.arange(1)), 10.0 * torch.arange(float(length)).unsqueeze(1),
                              config, 0)

@@ -18,8 +18,8 @@ whole batch's loss, and the averaged gradient its gradient. Shares of unequal si
 number of columns) scale each rank's loss by its share of the columns (`Shard.loss_scale`). What is not a mean
 over columns is computed on the whole batch on every rank: the policy-lag check, and PPO's advantage
 normalisation over each minibatch (the whole minibatch's, then sharded); the policy-lag drop is decided on the
-largest lag any rank saw (`Shard.agreed_lag`), so every rank drops or trains a batch alike. Logged loss metrics are rank 0's
-share's; gradient_norm is the averaged gradient's (the whole batch's).
+largest lag any rank saw (`Shard.agreed_lag`), so every rank drops or trains a batch alike. Logged loss metrics are
+rank 0's share's; gradient_norm is the averaged gradient's (the whole batch's).
 R2D2: each rank computes its sequences' priorities; rank 0 gathers them in batch order (`gather_columns`).
 An agent whose loss is a mean over something else passes its own scale (MuZero: over the trained starts of its
 sequences, which padding makes unequal between equal column shares).
