@@ -2,6 +2,7 @@
 (seed/contracts/agent.py) only. A toy agent in one folder (tests/toy_agent/) trains through the real learner with
 no framework file edited, and seed/ names no agent."""
 
+import dataclasses
 import os
 import re
 import signal
@@ -137,3 +138,16 @@ def test_the_framework_names_no_agent():
     assert not found, "\n".join(found)
     # The test's patterns catch what they are for.
     assert compares.search('if config.agent == "muzero":') and imports.search("from seed.agents.r2d2 import x")
+
+
+def test_every_preset_resolves_with_only_its_agent_s_flags(tmp_path):
+    """Each preset names its agent and sets only that agent's and the framework's fields: it resolves as it is (a
+    key of another agent would be refused naming the agents that have it)."""
+    from seed.learner.main import resolve_config
+    from seed.presets import PRESETS
+
+    for name, values in PRESETS.items():
+        config = resolve_config({"preset": name, "logdir": str(tmp_path / name)})
+        assert config.agent == values.get("agent", "vtrace"), name
+        fields = {f.name for f in dataclasses.fields(config)}
+        assert set(values) <= fields, (name, sorted(set(values) - fields))
