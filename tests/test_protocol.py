@@ -127,4 +127,4 @@ def test_bool_tensor_with_a_byte_other_than_0_or_1_is_rejected(learner, field):
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert f"step.{field}.data: got byte value 2 at index 1" in error.details()
     assert "expected 0 or 1 for dtype 'bool'" in error.details()
-    assert int(server.slab.request_seq[2]) == 0  # never written into the slab
+    assert int(server.parts.channels.slab.request_seq[2]) == 0  # never written into the slab
