@@ -443,28 +443,7 @@ def test_gumbel_search_matches_the_scalar_reference(batch, num_actions, simulati
     """The batched Gumbel search (search/gumbel.py) and the scalar reference give the same trees (every node's
     children's visits), root values, actions and improved-policy targets on random roots and a hashed model, with
     the same Gumbel draws."""
-    from seed.agents.muzero.search.reference import reference_gumbel_search
-
-    root = roots(batch, num_actions, seed=batch * 100 + num_actions)
-    invalid = random_invalid(batch, num_actions, seed=simulations) if with_invalid else None
-    model = hashed_model(num_actions)
-    config = SearchConfig(num_simulations=simulations, algorithm="gumbel", max_num_considered_actions=considered)
-    seed = batch + num_actions
-    out = search(root, model, config, invalid_actions=invalid, generator=torch.Generator().manual_seed(seed))
-    gumbel = _gumbel_draws(batch, num_actions, seed, config.gumbel_scale)
-    compared = 0
-    for b in range(batch):
-        visits, root_value, ref_root, action, improved = reference_gumbel_search(
-            root.prior_logits[b].tolist(), float(root.value[b]), root.embedding[b:b + 1], model, config,
-            gumbel[b].tolist(), None if invalid is None else invalid[b].tolist())
-        assert out.visit_counts[b].tolist() == [float(v) for v in visits], b
-        assert out.root_value[b].item() == pytest.approx(root_value, rel=1e-12, abs=1e-12)
-        compared += assert_same_tree(out, b, 0, ref_root)
-        assert out.action[b].item() == action, b
-        torch.testing.assert_close(out.action_weights[b], torch.tensor(improved, dtype=torch.float64), rtol=1e-9,
-                                   atol=1e-12)
-    assert compared == batch * (simulations + 1)
-    assert out.tree.depth.amax() >= 2  # the interior rule was used
+    check_gumbel_against_the_scalar_reference(batch, num_actions, simulations, considered, with_invalid)
 
 
 def test_the_gumbel_reference_comparison_is_discriminative():
@@ -496,3 +475,33 @@ def test_the_gumbel_reference_comparison_is_discriminative():
         except AssertionError:
             differing += 1
     assert differing >= 3, differing
+
+
+def check_gumbel_against_the_scalar_reference(batch: int, num_actions: int, simulations: int, considered: int,
+                                                with_invalid: bool, backend: str = "auto") -> None:
+    """The batched Gumbel search (with `backend`) and reference.reference_gumbel_search, with the same Gumbel
+    draws on random roots and a hashed model: every node's children's visits, the root values, the actions and the
+    improved-policy targets."""
+    from seed.agents.muzero.search.reference import reference_gumbel_search
+
+    root = roots(batch, num_actions, seed=batch * 100 + num_actions)
+    invalid = random_invalid(batch, num_actions, seed=simulations) if with_invalid else None
+    model = hashed_model(num_actions)
+    config = SearchConfig(num_simulations=simulations, algorithm="gumbel", max_num_considered_actions=considered,
+                          backend=backend)
+    seed = batch + num_actions
+    out = search(root, model, config, invalid_actions=invalid, generator=torch.Generator().manual_seed(seed))
+    gumbel = _gumbel_draws(batch, num_actions, seed, config.gumbel_scale)
+    compared = 0
+    for b in range(batch):
+        visits, root_value, ref_root, action, improved = reference_gumbel_search(
+            root.prior_logits[b].tolist(), float(root.value[b]), root.embedding[b:b + 1], model, config,
+            gumbel[b].tolist(), None if invalid is None else invalid[b].tolist())
+        assert out.visit_counts[b].tolist() == [float(v) for v in visits], b
+        assert out.root_value[b].item() == pytest.approx(root_value, rel=1e-12, abs=1e-12)
+        compared += assert_same_tree(out, b, 0, ref_root)
+        assert out.action[b].item() == action, b
+        torch.testing.assert_close(out.action_weights[b], torch.tensor(improved, dtype=torch.float64), rtol=1e-9,
+                                   atol=1e-12)
+    assert compared == batch * (simulations + 1)
+    assert out.tree.depth.amax() >= 2  # the interior rule was used

@@ -26,7 +26,6 @@ from seed.agents.muzero.search.reference import (
     Node,
     completed_q_sigma_scalar,
     interior_action_scalar,
-    reference_gumbel_search,
     root_action_scalar,
     select_child,
 )
@@ -47,8 +46,8 @@ from seed.agents.muzero.search.tree import (
 )
 from tests.test_search import (
     MODULUS,
-    _gumbel_draws,
     assert_same_tree,
+    check_gumbel_against_the_scalar_reference,
     hashed_model,
     random_invalid,
     roots,
@@ -137,27 +136,7 @@ def test_gumbel_visit_counts_match_the_scalar_reference(backend, batch, num_acti
                                                         with_invalid):
     """Both backends against reference.reference_gumbel_search with the same Gumbel draws: every node's visits,
     the root values, the actions and the improved-policy targets."""
-    root = roots(batch, num_actions, seed=batch * 100 + num_actions)
-    invalid = random_invalid(batch, num_actions, seed=simulations) if with_invalid else None
-    model = hashed_model(num_actions)
-    config = SearchConfig(num_simulations=simulations, algorithm="gumbel", max_num_considered_actions=considered,
-                          backend=backend)
-    seed = batch + num_actions
-    out = search(root, model, config, invalid_actions=invalid, generator=torch.Generator().manual_seed(seed))
-    gumbel = _gumbel_draws(batch, num_actions, seed, config.gumbel_scale)
-    compared = 0
-    for b in range(batch):
-        visits, root_value, ref_root, action, improved = reference_gumbel_search(
-            root.prior_logits[b].tolist(), float(root.value[b]), root.embedding[b:b + 1], model, config,
-            gumbel[b].tolist(), None if invalid is None else invalid[b].tolist())
-        assert out.visit_counts[b].tolist() == [float(v) for v in visits], b
-        assert out.root_value[b].item() == pytest.approx(root_value, rel=1e-12, abs=1e-12)
-        compared += assert_same_tree(out, b, 0, ref_root)
-        assert out.action[b].item() == action, b
-        torch.testing.assert_close(out.action_weights[b], torch.tensor(improved, dtype=torch.float64), rtol=1e-9,
-                                   atol=1e-12)
-    assert compared == batch * (simulations + 1)
-    assert out.tree.depth.amax() >= 2  # the interior rule was used
+    check_gumbel_against_the_scalar_reference(batch, num_actions, simulations, considered, with_invalid, backend)
 
 
 @pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
