@@ -16,6 +16,8 @@ Class-level members (read before an agent exists, e.g. while the configuration r
     uses_replay             experience through the central prioritized replay (else the FIFO queue)
     supports_sync           the agent trains with --sync=hts
     cuda_graphs             `act` may be captured as CUDA graphs (False when its loop length comes from the host)
+    action_spaces           the action spaces it acts on: ("discrete",) by default, "box" for action vectors;
+                            `check_action_space` refuses any other env at start (learner, seed-eval)
 
 Instance members (the learner, the training process, inference and seed-eval):
 
@@ -25,6 +27,7 @@ Instance members (the learner, the training process, inference and seed-eval):
     act / evaluation_act    one inference step, under inference_mode
     loss(batch)             the loss of one batch
     update(batch, optimizer, step)  one learner update (default: loss, backward, clip, optimizer step)
+    parameter_groups()      the trained parameters as Adam's groups (default: one of `network`'s; SAC: three rates)
     after_update(train_steps)       after each update (R2D2: the target copy)
     state_dict / load_state_dict    everything to checkpoint besides the optimizer
   with a replay (uses_replay):
@@ -108,6 +111,27 @@ class AgentConfig:
     and its own from the same object."""
 
 
+class IncompatibleActionSpace(ValueError):
+    """The env's action space is not one the agent acts on (`Agent.action_spaces`)."""
+
+
+ACTION_SPACES = {"discrete": "Discrete", "box": "Box"}  # Agent.action_spaces values -> their names in messages
+
+
+def check_action_space(agent_class: type[Agent], spec: EnvSpec, agent_name: str) -> None:
+    """Raises IncompatibleActionSpace unless `agent_class` acts on `spec`'s action space, e.g. "--env=gym:Hopper-v5:
+    got a Box(3,) action space; --agent=r2d2 takes Discrete actions". The framework calls it once, before the
+    agent is built, whatever the agent."""
+    unknown = [kind for kind in agent_class.action_spaces if kind not in ACTION_SPACES]
+    if unknown or not agent_class.action_spaces:
+        raise ValueError(f"{agent_class.__name__}.action_spaces: got {agent_class.action_spaces!r}, expected a "
+                         f"non-empty tuple of {', '.join(map(repr, ACTION_SPACES))}")
+    if ("box" if spec.continuous else "discrete") not in agent_class.action_spaces:
+        takes = " or ".join(ACTION_SPACES[kind] for kind in agent_class.action_spaces)
+        raise IncompatibleActionSpace(f"--env={spec.name}: got a {spec.action_space} action space; "
+                                      f"--agent={agent_name} takes {takes} actions")
+
+
 class Agent(abc.ABC):
     """The typed contract between the framework and an agent (see the module docstring for the members)."""
 
@@ -115,6 +139,9 @@ class Agent(abc.ABC):
     uses_replay: ClassVar[bool] = False
     supports_sync: ClassVar[bool] = False
     cuda_graphs: ClassVar[bool] = True
+    # "discrete": int64 [B] action indices (EnvSpec.num_actions); "box": float32 [B, D] action vectors in the env's
+    # units (EnvSpec.action_shape, action_low, action_high). See ActOutput.
+    action_spaces: ClassVar[tuple[str, ...]] = ("discrete",)
 
     network: nn.Module
 
@@ -184,6 +211,12 @@ class Agent(abc.ABC):
         columns, gradients averaged over the ranks before the clip; priorities gathered in batch order).
         PPO overrides it with its epochs of minibatches, MuZero to reanalyse the batch first."""
         return gradient_step(self.network, self.loss, batch, optimizer, step)
+
+    def parameter_groups(self) -> list[dict[str, Any]]:
+        """The trained parameters as the Adam optimizer's groups (seed/training/optimizers.py): dicts with
+        "params" and, where a group trains at its own rate, "lr" (the others use --learning_rate). Default: one
+        group of `network`'s parameters. SAC: critics, actor and temperature, the actor at its own rate."""
+        return [{"params": list(self.network.parameters())}]
 
     def after_update(self, train_steps: int) -> None:
         """After each update, with the number of updates made (R2D2 and MuZero copy their target networks).

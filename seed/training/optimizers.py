@@ -140,7 +140,8 @@ def clipped_lars(network: nn.Module, lr: float, eta: float, weight_decay: float,
 
 def make_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer:
     """The learner's optimizer (the same in the learner process and the training process): --optimizer=adam
-    (the default) or clipped_lars (seed/training/optimizers.py), over `agent.network`'s parameters."""
+    (the default) or clipped_lars (seed/training/optimizers.py), over `agent.network`'s parameters (Adam: in the
+    agent's `parameter_groups`, each at its own "lr" where it names one)."""
     if config.optimizer == "clipped_lars":
         return clipped_lars(agent.network, lr=config.learning_rate, eta=config.lars_eta,
                             weight_decay=config.weight_decay, momentum=config.momentum,
@@ -148,5 +149,5 @@ def make_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer
     if config.optimizer != "adam":
         raise ValueError(f"--optimizer: got {config.optimizer!r}, expected {' or '.join(OPTIMIZERS)}")
     # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
-    return torch.optim.Adam(agent.network.parameters(), lr=config.learning_rate, eps=config.adam_epsilon,
+    return torch.optim.Adam(agent.parameter_groups(), lr=config.learning_rate, eps=config.adam_epsilon,
                             betas=(config.adam_beta1, 0.999), foreach=True)
