@@ -126,7 +126,7 @@ PRESETS: dict[str, dict[str, Any]] = {
     "atari100k_muzero_gpu": dict(
         agent="muzero", env="atari:Pong", atari_minimal_action_set=True, atari_frame_size=96,
         atari_max_frames=48_000, num_actors=8, envs_per_actor=4, num_eval_envs=4, inference_batch_size=-1,
-        inference_device="cuda:0", training_device="cuda:0", cuda_graphs=False, reanalyse_ratio=1.0, replay_ratio=26.0,
+        inference_device="cuda:0", training_device="cuda:0", reanalyse_ratio=1.0, replay_ratio=26.0,
         replay_capacity=10_000, replay_min_size=200, total_environment_frames=400_000, log_interval_s=10.0,
         checkpoint_interval_s=600.0,
     ),

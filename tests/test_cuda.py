@@ -159,3 +159,75 @@ def test_r2d2_graph_on_one_device_survives_inference_on_another():
         step = inputs(False)
         assert torch.equal(graphed(step)[0], eager_first(step)[0])
     del filler
+
+
+def _muzero(algorithm: str, device: torch.device, **overrides):
+    """A small MuZero agent on fake:atari (Nature torso, 8 simulations) whose envs but env 0 are evaluation envs: no
+    root noise and greedy actions, so eager and graphed searches must build the same trees for them."""
+    from seed.agents import agent_class
+    from seed.envs import make_spec
+
+    config = resolve_config(dict(agent="muzero", env="fake:atari", num_actors=4, envs_per_actor=4, num_eval_envs=15,
+                                 network="nature", search=algorithm, num_simulations=8, **overrides))
+    spec = make_spec("fake:atari")
+    agent = agent_class("muzero")(spec, config).to(device)
+    agent.network.eval()
+    return agent, spec, config
+
+
+@pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
+def test_graphed_muzero_search_matches_eager(algorithm):
+    """agents/muzero/graphed_search.py: one CUDA-graph replay of the whole search (representation, simulations with
+    the capture's fixed depth bound, outcome) gives the eager search's trees, and replays again on new inputs."""
+    import dataclasses
+
+    from seed.agents.muzero.graphed_search import GraphedSearch
+
+    device = torch.device("cuda:0")
+    agent, spec, _ = _muzero(algorithm, device)
+    agent.search_config = dataclasses.replace(agent.search_config, gumbel_scale=0.0)  # no Gumbel noise either
+    graphed = GraphedSearch(agent._search)
+    evaluate = torch.ones(12, dtype=torch.bool, device=device)
+    rng = np.random.default_rng(1)
+    with torch.no_grad():
+        for _ in range(3):
+            stacked = torch.from_numpy(rng.integers(0, 256, (12, spec.frame_stack, *spec.observation_shape),
+                                                    dtype=np.uint8)).to(device)
+            eager = agent._search(agent.network, stacked, evaluate)
+            replayed = graphed(agent.network, stacked, evaluate)
+            assert torch.equal(replayed.visit_counts, eager.visit_counts)
+            torch.testing.assert_close(replayed.root_value, eager.root_value, rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(replayed.action_weights, eager.action_weights, rtol=1e-5, atol=1e-5)
+    assert len(graphed.graphs) == 1
+
+
+def test_graphed_policy_captures_muzero_act():
+    """The framework's CUDA-graph inference (GraphedPolicy) captures MuZero's `act` whole, search included: the
+    same actions and search policies as eager inference, on several padded batch sizes."""
+    from seed.contracts import InferenceBatch
+    from seed.inference.forward_pass import EagerPolicy, GraphedPolicy
+    from seed.inference.state_table import StateTable
+
+    device = torch.device("cuda:0")
+    agent, spec, config = _muzero("puct", device)
+    assert agent.cuda_graphs
+    tables = [StateTable(agent.initial_state, config.num_envs, device) for _ in range(2)]
+    eager = EagerPolicy(agent, agent.network, tables[0], device)
+    graphed = GraphedPolicy(agent, agent.network, tables[1], device, config.envs_per_actor)
+    rng = np.random.default_rng(0)
+    for step in range(6):
+        actors = rng.choice(config.num_actors, size=rng.integers(1, config.num_actors + 1), replace=False)
+        env_ids = (actors[:, None] * config.envs_per_actor + np.arange(config.envs_per_actor)).reshape(-1)
+        b = len(env_ids)
+        inputs = InferenceBatch(
+            observation=torch.from_numpy(rng.integers(0, 256, (b, *spec.observation_shape), dtype=np.uint8)),
+            env_ids=torch.from_numpy(env_ids), prev_action=torch.from_numpy(rng.integers(0, spec.num_actions, b)),
+            reward=torch.from_numpy(rng.normal(size=b).astype(np.float32)),
+            done=torch.from_numpy(rng.random(b) < 0.2 if step else np.ones(b, bool)))
+        a_eager, out_eager, _ = eager(inputs)
+        a_graph, out_graph, _ = graphed(inputs)
+        evaluating = torch.from_numpy(env_ids >= config.num_envs - config.num_eval_envs)  # env 0 explores
+        assert torch.equal(a_graph[evaluating], a_eager[evaluating]), f"step {step}"
+        torch.testing.assert_close(out_graph["search_policy"][evaluating], out_eager["search_policy"][evaluating],
+                                   rtol=1e-5, atol=1e-5)
+    assert len(graphed.graphs) >= 2

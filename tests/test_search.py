@@ -312,6 +312,37 @@ def test_the_tensor_code_path_gives_the_numpy_trees(monkeypatch, algorithm):
     assert numpy_out.tree.depth.amax() >= 3  # deep enough that the descent and the backup loop over depth
 
 
+@pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
+def test_the_fixed_depth_loop_of_a_cuda_graph_gives_the_same_trees(monkeypatch, algorithm):
+    """While a CUDA graph is captured the search cannot read the trees' depth back, so the descent of simulation k
+    runs k steps (DepthBound mode "none"), the steps past a tree's depth staying where they are, and the backup
+    covers every step. Run that loop on the CPU's tensors: the same trees as the exact-depth loop."""
+    import seed.agents.muzero.search as search_package
+
+    class FixedDepth(search_package.DepthBound):
+        def __init__(self, device):
+            super().__init__(device)
+            self.mode, self.exact = "none", False
+
+    root = roots(9, 7, seed=12)
+    invalid = random_invalid(9, 7, seed=3)
+    config = SearchConfig(num_simulations=40, algorithm=algorithm, dirichlet_fraction=0.25, backend="numpy")
+
+    def run():
+        return search(root, hashed_model(7), config, temperature=0.0, invalid_actions=invalid,
+                      generator=torch.Generator().manual_seed(5))
+
+    exact = run()
+    monkeypatch.setattr(search_package, "NUMPY_ON_CPU", False)
+    monkeypatch.setattr(search_package, "DepthBound", FixedDepth)
+    fixed = run()
+    assert torch.equal(fixed.visit_counts, exact.visit_counts)
+    assert torch.equal(fixed.tree.children_index, exact.tree.children_index)
+    assert torch.equal(fixed.tree.visit_count, exact.tree.visit_count)
+    assert torch.equal(fixed.action, exact.action)
+    assert exact.tree.depth.amax() >= 3
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
 def test_cuda_gives_the_cpu_trees(algorithm):

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from seed.agents.muzero.config import MuZeroConfig
+from seed.agents.muzero.graphed_search import GraphedSearch
 from seed.agents.muzero.losses import (
     muzero_loss,
     predicted_values,
@@ -152,9 +153,9 @@ class MuZeroAgent(contract.Agent):
     def evaluation_policy(cls, config: Any) -> str:
         chosen_by = "most visited action" if config.search == "puct" else "argmax of the improved policy"
         return f"{config.search} search of {config.num_simulations} simulations without root noise, {chosen_by}"
-    # `act` cannot be captured as a CUDA graph: the search's loop length comes from the host (its depth bound) and
-    # its tree is rebuilt every call; the learner runs it eagerly whatever --cuda_graphs says.
-    cuda_graphs = False
+    # `act` (the representation call and the whole search) may be captured as a CUDA graph (--cuda_graphs): while a
+    # capture runs the search fixes its loop length and reads nothing back (search/__init__.py, DepthBound).
+    cuda_graphs = True
 
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
         check_config(config)
@@ -170,6 +171,8 @@ class MuZeroAgent(contract.Agent):
             num_simulations=config.num_simulations, algorithm=config.search, dirichlet_alpha=config.dirichlet_alpha,
             dirichlet_fraction=0.0,  # the root noise is added here, per row: evaluation rows get none
             backend=config.search_backend)
+        # reanalysis's searches on a GPU, as CUDA-graph replays with --cuda_graphs (the framework captures `act`)
+        self._graphed_search = GraphedSearch(self._search)
 
     # --- acting -------------------------------------------------------------------------------------------------
 
@@ -321,8 +324,13 @@ class MuZeroAgent(contract.Agent):
         """--reanalyse_ratio: the batch with fresh policy targets for its first sequences, searched with the target
         network, and the pass's metrics (agents/muzero/reanalysis.py)."""
         return reanalyse_batch(batch, train_steps, config=self.config, stacked_observations=self.stacked_observations,
-                               search=self._search, network=self.target_network,
+                               search=self._reanalysis_search(), network=self.target_network,
                                network_version=self.target_version)
+
+    def _reanalysis_search(self) -> Any:
+        """The search reanalysis runs: CUDA-graph replays on a GPU with --cuda_graphs (graphed_search.py), else
+        eager."""
+        return self._graphed_search if self.config.cuda_graphs else self._search
 
     def preparation_network(self) -> tuple[nn.Module, int]:
         """--reanalyse_workers: the workers reanalyse with the target network (its version: `target_version`)."""
@@ -333,7 +341,7 @@ class MuZeroAgent(contract.Agent):
         """--reanalyse_workers, in a batch worker (seed/training/batch_workers.py): the reanalysis `reanalyse_batch`
         makes inline, with the worker's target network, which holds the parameters of update `version`."""
         return reanalyse_batch(batch, train_steps, config=self.config, stacked_observations=self.stacked_observations,
-                               search=self._search, network=self.target_network, network_version=version)
+                               search=self._reanalysis_search(), network=self.target_network, network_version=version)
 
     def loss(self, batch: TrainingBatch) -> LossOutput:
         """EfficientZero's loss on every start of every sampled sequence (agents/muzero/losses.py)."""

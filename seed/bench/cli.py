@@ -9,6 +9,8 @@
 Across hosts (network namespaces, root): wire bytes per env frame and FPS with and without lz4, rate limits and
 added latency: `python -m seed.bench.network` (seed/bench/network.py, docs/performance/cpu/network/).
     seed-bench search --cpu=0 --out=bench_results/search.json    (the MuZero tree search: seed/bench/search_speed.py)
+    seed-bench search-gpu --out=bench_results/search_gpu.json    (the agent's search on a GPU, eager and as a CUDA
+                                                                  graph: seed/bench/search_gpu.py)
 
 A run starts the learner (`python -m seed.learner.main`) with the named configuration from the shipped
 seed/bench/configs.yaml or --bench_configs (flags typed here override it), waits until it serves (gRPC
@@ -159,6 +161,11 @@ def run() -> None:
         from seed.bench.search_speed import main as search_main
 
         search_main(sys.argv[2:])
+        return
+    if sys.argv[1:2] == ["search-gpu"]:  # the agent's whole search on a GPU, eager against a CUDA graph
+        from seed.bench.search_gpu import main as search_gpu_main
+
+        search_gpu_main(sys.argv[2:])
         return
     _define_bench_flags()
     app.run(main)

@@ -72,6 +72,13 @@ __all__ = ["RecurrentFn", "RecurrentOutput", "RootInput", "SearchConfig", "Searc
 # a configuration (about 2 ms of a 10 ms Gumbel search of 64 trees at 50 simulations).
 _considered_visits_table = functools.lru_cache(maxsize=16)(considered_visits_table)
 
+
+@functools.lru_cache(maxsize=16)
+def _considered_visits_tensor(max_num_considered: int, simulations: int, device: torch.device) -> Tensor:
+    """The schedules as an int64 tensor [max_num_considered + 1, simulations] on `device`, made once: a search being
+    captured in a CUDA graph may not copy from host memory (its warm-up call made this)."""
+    return torch.tensor(_considered_visits_table(max_num_considered, simulations), device=device)
+
 # Run the CPU search's numpy / torch loop (backend "numpy") on numpy views of the tree (False: on the tensors, as on
 # every other device; the tests use it to check that code path without a GPU).
 NUMPY_ON_CPU = True
@@ -84,11 +91,14 @@ class DepthBound:
 
     On the CPU the depth is read at once (a CPU tensor; no device round trip). On CUDA it is copied
     asynchronously into pinned memory and used once the copy has landed (polled with an event, never waited for);
-    until then the bound grows by one per simulation. Other devices use the bound k.
+    until then the bound grows by one per simulation. Other devices, and a search being captured in a CUDA graph
+    (where nothing may be read back, so the loop's length is fixed), use the bound k: the descent of simulation k
+    runs k steps, those past a tree's depth staying where they are.
     """
 
     def __init__(self, device: torch.device):
-        self.mode = device.type if device.type in ("cpu", "cuda") else "none"
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        self.mode = device.type if device.type in ("cpu", "cuda") and not capturing else "none"
         self.exact = self.mode == "cpu"
         self.last_leaf_depth = 0  # on the CPU: the deepest node the last simulation created
         self.known, self.known_at = 0, 0
@@ -136,8 +146,11 @@ def sample_action(visit_counts: Tensor, temperature: Tensor | float, generator: 
         temperature_rows = temperature.to(visit_counts.device, visit_counts.dtype).reshape(-1)
     is_zero = temperature_rows == 0
     logits = visit_counts.log() / torch.where(is_zero, 1.0, temperature_rows).unsqueeze(1)
-    probs = torch.softmax(logits, -1)
-    sampled = torch.multinomial(probs, 1, generator=generator).squeeze(1)
+    if visit_counts.is_cuda:  # the Gumbel-max trick: the same distribution, and it may be captured in a CUDA graph
+        uniform = torch.rand(logits.shape, dtype=logits.dtype, device=logits.device, generator=generator)
+        sampled = (logits - torch.log(-torch.log(uniform.clamp_min(torch.finfo(logits.dtype).tiny)))).argmax(-1)
+    else:
+        sampled = torch.multinomial(torch.softmax(logits, -1), 1, generator=generator).squeeze(1)
     return torch.where(is_zero, greedy, sampled)
 
 
@@ -204,7 +217,7 @@ def _search(root: RootInput, recurrent_fn: RecurrentFn, config: SearchConfig, te
         uniform = torch.rand(b, a, dtype=dtype, device=device, generator=generator)
         gumbel_noise = -torch.log(-torch.log(uniform.clamp_min(torch.finfo(dtype).tiny))) * config.gumbel_scale
         gumbel_logits = gumbel_noise + (logits - logits.amax(-1, keepdim=True))  # [B, A]
-        table = torch.tensor(_considered_visits_table(config.max_num_considered_actions, simulations), device=device)
+        table = _considered_visits_tensor(config.max_num_considered_actions, simulations, device)
         considered = (a - invalid.sum(-1)).clamp_max(config.max_num_considered_actions)
         considered_visits = table.index_select(0, considered).to(dtype).T.contiguous()  # [simulations, B]
     finish = finished_tree

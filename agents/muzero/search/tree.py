@@ -168,6 +168,15 @@ class TreeArrays:
         return self.node.shape[0] - 1
 
 
+def small_tensor(values: tuple[int, ...], device: torch.device) -> Tensor:
+    """An int64 tensor of a few known values made on `device` without a host-to-device copy (one fill per value),
+    so that a search can be captured in a CUDA graph (a copy from pageable host memory may not be captured)."""
+    out = torch.empty(len(values), dtype=torch.int64, device=device)
+    for i, value in enumerate(values):
+        out[i] = value
+    return out
+
+
 def tree_arrays(node: Tensor, node_index: Tensor, edge: Tensor, child_row: Tensor, choice: Tensor,
                 next_row: Tensor, min_q: Tensor, max_q: Tensor, num_trees: int, num_nodes: int,
                 host: bool) -> TreeArrays:
@@ -185,7 +194,7 @@ def tree_arrays(node: Tensor, node_index: Tensor, edge: Tensor, child_row: Tenso
         min_q=array(min_q), max_q=array(max_q), base=base, tree_index=base[:, None] // n,
         row_tree=array(torch.arange(b * n + 1, device=node.device) // n % b),
         node_flat=node_a.reshape(-1), edge_flat=edge_a.reshape(-1), child_flat=child_a.reshape(-1),
-        backup_offsets=array(torch.tensor([EDGE_VISITS, EDGE_VALUES, Q], device=node.device) * edge.shape[-1]),
+        backup_offsets=array(small_tensor((EDGE_VISITS, EDGE_VALUES, Q), node.device) * edge.shape[-1]),
         node_number=array(torch.arange(n, device=node.device))[None, :],
         rows=array(torch.arange(b * n, device=node.device).view(b, n)),
         nodes=node_a[:-1].reshape(b, n, NODE_COLUMNS), node_indices=index_a[:-1].reshape(b, n, 3),
@@ -332,7 +341,8 @@ def finished_tree(tree: Tree) -> Tree:
     base = tree.base
     rows = torch.arange(b * n, device=base.device)
     child_row = tree.child_row[:-1]
-    children_index = torch.where(child_row == rows.unsqueeze(1), -1, child_row - base.repeat_interleave(n)[:, None])
+    root_row = rows - rows % n  # the row of each row's root (base[rows // n]; no repeat_interleave, which may sync)
+    children_index = torch.where(child_row == rows.unsqueeze(1), -1, child_row - root_row[:, None])
     index = tree.node_index[:-1].view(b, n, 3)
     expanded = tree.visit_count > 0
     expanded[:, 0] = False
