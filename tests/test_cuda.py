@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from seed.config import burn_in_steps
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.learner.main import resolve_config
 
@@ -20,9 +21,10 @@ def _agent(agent_name: str, **overrides):
     from seed.agents import agent_class
     from seed.envs import make_spec
 
+    if agent_name == "r2d2":
+        overrides = {"burn_in": 2, **overrides}  # an R2D2 flag: other agents refuse it
     config = resolve_config(dict(agent=agent_name, env="fake:atari", num_actors=4, envs_per_actor=4, network="nature",
-                                 use_lstm=True, lstm_size=64, unroll_length=6, burn_in=2 if agent_name == "r2d2" else 0,
-                                 batch_size=4, **overrides))
+                                 use_lstm=True, lstm_size=64, unroll_length=6, batch_size=4, **overrides))
     spec = make_spec("fake:atari")
     return agent_class(agent_name)(spec, config), spec, config
 
@@ -70,7 +72,7 @@ def test_graphed_inference_matches_eager_actions_and_state():
 
 
 def _random_batch(spec, config, agent_name: str, rng) -> Unroll:
-    length = config.burn_in + config.unroll_length + 1
+    length = burn_in_steps(config) + config.unroll_length + 1
     b = config.batch_size
     steps = {
         "observation": torch.from_numpy(rng.integers(0, 256, (length, b, *spec.observation_shape), dtype=np.uint8)),

@@ -173,7 +173,7 @@ def small_tensor(values: tuple[int, ...], device: torch.device) -> Tensor:
     so that a search can be captured in a CUDA graph (a copy from pageable host memory may not be captured)."""
     out = torch.empty(len(values), dtype=torch.int64, device=device)
     for i, value in enumerate(values):
-        out[i] = value
+        out[i:i + 1].fill_(value)  # `out[i] = value` copies a CPU scalar tensor, which a capture refuses
     return out
 
 
@@ -256,11 +256,12 @@ def new_tree(num_trees: int, num_nodes: int, num_actions: int, embedding: Any, d
     no `arrays` (the compiled loop makes its own few views; tree_arrays' 25 calls are a fifth of new_tree's time)."""
     rows = num_trees * num_nodes + 1
     node = torch.zeros(rows, NODE_COLUMNS, dtype=dtype, device=device)
-    node[-1, DISCOUNT] = 1.0  # the scratch row passes values through
+    # fills, not `x[i] = number` (a copy from a CPU scalar tensor, which a CUDA-graph capture refuses)
+    node[-1, DISCOUNT:DISCOUNT + 1].fill_(1.0)  # the scratch row passes values through
     node_index = torch.zeros(rows, 3, dtype=torch.int64, device=device)
-    node_index[-1, PARENT_ROW] = rows - 1  # padding writes its edge statistics into the scratch row's own edges
+    node_index[-1, PARENT_ROW:PARENT_ROW + 1].fill_(rows - 1)  # padding writes its edge statistics into the scratch row's own edges
     edge = torch.zeros(rows, EDGE_CHANNELS, num_actions, dtype=dtype, device=device)
-    edge[:, Q] = -torch.inf
+    edge[:, Q].fill_(-torch.inf)
     child_row = torch.arange(rows, device=device).unsqueeze(1).expand(rows, num_actions).contiguous()
     choice = torch.zeros(rows, dtype=torch.int64, device=device)
     next_row = torch.arange(rows, device=device)
@@ -345,7 +346,7 @@ def finished_tree(tree: Tree) -> Tree:
     children_index = torch.where(child_row == rows.unsqueeze(1), -1, child_row - root_row[:, None])
     index = tree.node_index[:-1].view(b, n, 3)
     expanded = tree.visit_count > 0
-    expanded[:, 0] = False
+    expanded[:, 0].fill_(False)  # a fill: `x[i] = number` copies a CPU scalar tensor, which a capture refuses
     parent = torch.where(expanded, index[..., PARENT_ROW] - base[:, None], -1)
     action = torch.where(expanded, index[..., ACTION], -1)
     return Tree(**{**tree.__dict__, "children_index": children_index.view(b, n, a), "parent": parent,
