@@ -77,6 +77,8 @@ def reanalyse_batch(batch: TrainingBatch, train_steps: int, *, config: Any,
     change = 0.5 * (new_policy - stored_policy[:positions, :columns].float()).abs().sum(-1)
     age = (train_steps - unrolls.policy_version[:positions, :columns]).float()
 
+    if new_policy.is_cuda:  # reanalysis/ms is the pass's time, not its launch's (a graph replay returns at once)
+        torch.cuda.synchronize(new_policy.device)
     steps = dict(unrolls.steps)
     steps["search_policy"] = stored_policy.clone()
     steps["search_policy"][:positions, :columns] = new_policy.to(stored_policy.dtype)
