@@ -16,7 +16,7 @@ install: .install-stamp
 .install-stamp: setup.py pyproject.toml protos/seed.proto Makefile launch/install_k8s_tools.sh
 	$(PIP) install --quiet $(TORCH_SPEC)
 	$(PIP) install --quiet setuptools wheel "grpcio-tools==$(GRPC_VERSION)"
-	$(PIP) install --quiet --no-build-isolation -e ".[atari,test,video,minatar,wandb]"
+	$(PIP) install --quiet --no-build-isolation -e ".[atari,test,video,minatar,mujoco,wandb]"
 	PYTHON=$(PYTHON) launch/install_k8s_tools.sh
 	touch $@
 
@@ -29,7 +29,7 @@ run: install
 
 test: install $(if $(SKIP_FOOTBALL),,football)
 	launch/install_test_tools.sh
-	$(PYTHON) -m pytest -q -ra $(PYTEST_ARGS) tests
+	$(PYTHON) -m pytest -q -ra --durations=30 $(PYTEST_ARGS) tests
 
 test-fast: install
 	$(PYTHON) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests

@@ -13,7 +13,10 @@ gumbel: the nodes just backed up through and the roots' sequential-halving choic
 gumbel.refresh_choices).
 
 Nothing is read back to the host inside the loop on CUDA: the number of descent steps comes from `DepthBound`
-(an asynchronous copy, polled, never waited for). On the CPU, where reading a tensor costs no round trip, the
+(an asynchronous copy, polled, never waited for). So a whole search can be captured as one CUDA graph (the
+framework's --cuda_graphs captures the agent's `act`; agents/muzero/graphed_search.py replays reanalysis's): while
+a capture runs the depth is not polled at all and the descent of simulation k takes k steps, and nothing in the
+search copies from host memory. On the CPU, where reading a tensor costs no round trip, the
 depth is read at once, the backup stops at the deepest new leaf, the refreshes skip the padding of the paths and
 the trees whose normalisation did not change, and the whole loop runs on numpy views of the tree's tensors
 (tree.TreeArrays: numpy's cost per call on tens to thousands of numbers is about a quarter of torch's; the same
