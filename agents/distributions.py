@@ -52,7 +52,8 @@ class TanhNormal:
     Args:
       mean: [..., D] the Gaussian's mean (pre-tanh units).
       log_std: [..., D] (or broadcastable to it, e.g. [D] for a state-independent std) the log of its std.
-      low, high: [D] the action bounds in the env's units (tensor or sequence of floats), low < high.
+      low, high: [D] the action bounds in the env's units (tensor or sequence of floats), low < high (checked
+        unless they are on a GPU).
       min_std: the std's floor (std = max(exp(log_std), min_std)).
     """
 
@@ -68,7 +69,9 @@ class TanhNormal:
         if min_std <= 0:
             raise ValueError(f"TanhNormal min_std: got {min_std!r}, expected > 0")
         low, high = _as_bound("low", low, mean), _as_bound("high", high, mean)
-        if not bool((low < high).all()):
+        # Checked on the host only: reading a GPU tensor's value synchronises, which a CUDA graph capture of
+        # inference refuses (the agents' bounds come from a checked EnvSpec).
+        if low.device.type == "cpu" and not bool((low < high).all()):
             raise ValueError(f"TanhNormal low/high: got low {low.tolist()} and high {high.tolist()}, expected "
                              "low < high in every dimension")
         self.mean = mean
@@ -82,11 +85,14 @@ class TanhNormal:
         log_normal = -0.5 * z * z - self.std.log() - _LOG_SQRT_2PI
         return (log_normal - log1m_tanh_sq(u) - self.scale.log()).sum(-1)
 
-    def rsample_with_log_prob(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def rsample_with_log_prob(self, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """A reparameterised sample: (action [..., D] in [low, high], its log density [...]); gradients flow
         to mean and log_std through both. The log density is computed from the pre-tanh sample, not by
-        inverting the action (`log_prob(action)` agrees with it wherever |u| < 7.25, see BOUND_EPS)."""
-        u = self.mean + self.std * torch.randn_like(self.mean)
+        inverting the action (`log_prob(action)` agrees with it wherever |u| < 7.25, see BOUND_EPS).
+        `noise`: standard normal draws [..., D] to use (e.g. counter-based ones); default torch.randn."""
+        if noise is None:
+            noise = torch.randn_like(self.mean)
+        u = self.mean + self.std * noise
         return self.loc + self.scale * torch.tanh(u), self._log_prob_pre_tanh(u)
 
     def log_prob(self, action: torch.Tensor) -> torch.Tensor:

@@ -142,3 +142,13 @@ def test_std_floor_and_entropy_estimate():
 def test_refusals_name_the_field_the_value_and_what_was_expected(make, message):
     with pytest.raises(ValueError, match=message):
         make()
+
+
+def test_given_noise_is_used_instead_of_fresh_draws():
+    dist = _dist([[0.5, -0.2]], [[math.log(0.5), 0.0]], [0.0, -3.0], [4.0, 1.0])
+    action, log_prob = dist.rsample_with_log_prob(torch.zeros(1, 2, dtype=torch.float64))
+    torch.testing.assert_close(action, dist.mode())  # u = mean
+    # u = mean + std x 1 = (1.0, 0.8): 2 + 2 tanh(1.0) = 3.523188, -1 + 2 tanh(0.8) = 0.328074.
+    action, log_prob = dist.rsample_with_log_prob(torch.ones(1, 2, dtype=torch.float64))
+    torch.testing.assert_close(action, torch.tensor([[3.523188, 0.328074]], dtype=torch.float64))
+    torch.testing.assert_close(log_prob, dist.log_prob(action))
