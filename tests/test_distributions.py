@@ -150,5 +150,5 @@ def test_given_noise_is_used_instead_of_fresh_draws():
     torch.testing.assert_close(action, dist.mode())  # u = mean
     # u = mean + std x 1 = (1.0, 0.8): 2 + 2 tanh(1.0) = 3.523188, -1 + 2 tanh(0.8) = 0.328074.
     action, log_prob = dist.rsample_with_log_prob(torch.ones(1, 2, dtype=torch.float64))
-    torch.testing.assert_close(action, torch.tensor([[3.523188, 0.328074]], dtype=torch.float64))
+    torch.testing.assert_close(action, torch.tensor([[3.523188, 0.328074]], dtype=torch.float64), atol=1e-6, rtol=0)
     torch.testing.assert_close(log_prob, dist.log_prob(action))
