@@ -27,9 +27,16 @@ class EnvSpec:
       observation_shape: shape of ONE observation as the actor sends it (a single frame for images,
         e.g. (84, 84); the learner stacks frames).
       observation_dtype: numpy dtype name of the observation ("uint8", "float32").
-      num_actions: size of the Discrete action space.
+      num_actions: size of the Discrete action space; 0 for a Box.
       action_repeat: env frames per agent step (Atari 4, Football 1, gym 1).
       frame_stack: how many frames the learner stacks into the network input (Atari 4, else 1).
+      action_shape: () for a Discrete action space (`num_actions` actions), (D,) for a Box of D values.
+      action_low, action_high: a Box's bounds in the env's units, D values each (() for a Discrete space); the
+        env clips every action into them before stepping.
+
+    Actions (the agent's `ActOutput.action`, `InferenceBatch.prev_action`, the unroll's `action` column): Discrete:
+    int64 [B] (int32 [K] on the wire and in the step slab); Box: float32 [B, D] everywhere (`action_dtype` on the
+    wire, `batch_action_dtype` on the learner).
     """
 
     name: str
@@ -38,6 +45,59 @@ class EnvSpec:
     num_actions: int
     action_repeat: int = 1
     frame_stack: int = 1
+    action_shape: tuple[int, ...] = ()
+    action_low: tuple[float, ...] = ()
+    action_high: tuple[float, ...] = ()
+
+    def __post_init__(self):
+        # Specs also arrive as JSON (the serving process's configuration) and protobuf (the handshake): the
+        # sequences become tuples, so that two equal specs compare equal whatever carried them.
+        for name, kind in (("observation_shape", int), ("action_shape", int), ("action_low", float),
+                           ("action_high", float)):
+            object.__setattr__(self, name, tuple(kind(v) for v in getattr(self, name)))
+        self.check_action_space()
+
+    def check_action_space(self) -> None:
+        """Raises ValueError naming the field unless the action fields describe one Discrete or one Box space."""
+        if not self.action_shape:
+            if self.action_low or self.action_high:
+                raise ValueError(f"{self.name}: action_low/action_high: got {self.action_low}/{self.action_high}, "
+                                 "expected () for a Discrete action space (action_shape ())")
+            return
+        if len(self.action_shape) != 1 or self.action_shape[0] < 1:
+            raise ValueError(f"{self.name}: action_shape: got {self.action_shape}, expected () (Discrete) or (D,) "
+                             "with D >= 1 (Box)")
+        if self.num_actions != 0:
+            raise ValueError(f"{self.name}: num_actions: got {self.num_actions}, expected 0 for a Box action space")
+        for field in ("action_low", "action_high"):
+            if len(getattr(self, field)) != self.action_shape[0]:
+                raise ValueError(f"{self.name}: {field}: got {len(getattr(self, field))} values, expected "
+                                 f"{self.action_shape[0]} (action_shape {self.action_shape})")
+        if any(lo > hi or lo != lo or hi != hi for lo, hi in zip(self.action_low, self.action_high, strict=True)):
+            raise ValueError(f"{self.name}: action bounds: got low {self.action_low}, high {self.action_high}, "
+                             "expected low <= high in every dimension")
+
+    @property
+    def continuous(self) -> bool:
+        """True for a Box action space (action vectors), False for a Discrete one (action indices)."""
+        return bool(self.action_shape)
+
+    @property
+    def action_space(self) -> str:
+        """The action space in words, for messages: "Discrete(6)" or "Box(3,)"."""
+        if self.continuous:
+            return f"Box({', '.join(map(str, self.action_shape))},)"
+        return f"Discrete({self.num_actions})"
+
+    @property
+    def action_dtype(self) -> str:
+        """numpy dtype of actions on the wire and in the step slab: "int32" (Discrete) or "float32" (Box)."""
+        return "float32" if self.continuous else "int32"
+
+    @property
+    def batch_action_dtype(self) -> str:
+        """numpy dtype of actions on the learner (act, the unrolls, replay): "int64" (Discrete) or "float32"."""
+        return "float32" if self.continuous else "int64"
 
     def check_observation(self, observation: np.ndarray) -> None:
         if tuple(observation.shape) != self.observation_shape:
@@ -76,7 +136,9 @@ class Env(Protocol):
 
     def reset(self) -> np.ndarray: ...
 
-    def step(self, action: int) -> StepResult: ...
+    def step(self, action: int | np.ndarray) -> StepResult:
+        """One agent step: an int for a Discrete space, a float32 [D] vector for a Box (the env clips it)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -103,7 +165,8 @@ class EnvBatch(Protocol):
         ...
 
     def step(self, actions: np.ndarray) -> BatchStep:
-        """Steps every env with actions [K]; finished envs are reset and report their new first frame."""
+        """Steps every env with actions [K] (Discrete) or [K, D] (Box); finished envs are reset and report their
+        new first frame."""
         ...
 
     def close(self) -> None: ...
@@ -137,8 +200,9 @@ class SequentialEnvBatch:
         done = np.zeros(self.num_envs, bool)
         truncated = np.zeros(self.num_envs, bool)
         finished = []
+        continuous = self.spec.continuous
         for k, env in enumerate(self.envs):
-            result = env.step(int(actions[k]))
+            result = env.step(actions[k] if continuous else int(actions[k]))
             reward[k] = result.reward
             self._returns[k] += result.reward
             self._raw_returns[k] += result.raw_reward

@@ -1,6 +1,10 @@
-"""`--env=gym:<id>`: any gymnasium env with a Discrete action space and a Box observation.
+"""`--env=gym:<id>`: any gymnasium env with a Discrete or a one-dimensional Box action space and a Box observation
+(`gym:CartPole-v1`; `gym:Pendulum-v1`, Box(1,); the MuJoCo tasks `gym:Hopper-v5`, `gym:HalfCheetah-v5`,
+`gym:Walker2d-v5`, `gym:Ant-v5`, `gym:Humanoid-v5` with the `mujoco` extra).
 
-Observations are sent as float32 vectors (Box observations are flattened); action repeat is 1.
+Observations are sent as float32 vectors (Box observations are flattened); action repeat is 1. A Box action is
+float32 [D] in the env's units, clipped into the space's bounds before the env steps (a policy's Gaussian sample
+may fall outside them; MuJoCo would otherwise apply it unclipped).
 
 Options: `seed` (env i of the run is seeded with seed + first_env_id + i) and `render_rgb` (default False:
 make the envs with `render_mode="rgb_array"` so that `GymEnv.render_rgb()` returns the screen, for seed-eval's
@@ -27,14 +31,14 @@ class GymEnv:
                 # "error: XDG_RUNTIME_DIR is invalid or not set" (a driver the user chose is kept, errors and all).
                 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
         self._env = gymnasium.make(env_id, render_mode="rgb_array" if render_rgb else None)
-        if not isinstance(self._env.action_space, gymnasium.spaces.Discrete):
-            raise ValueError(f"--env=gym:{env_id}: action space is {self._env.action_space}, expected Discrete")
         if not isinstance(self._env.observation_space, gymnasium.spaces.Box):
             raise ValueError(f"--env=gym:{env_id}: observation space is {self._env.observation_space}, expected Box")
         self._seed = seed
         self._reset_count = 0
         shape = (int(np.prod(self._env.observation_space.shape)),)
-        self.spec = EnvSpec(f"gym:{env_id}", shape, "float32", int(self._env.action_space.n))
+        self.spec = EnvSpec(f"gym:{env_id}", shape, "float32", **action_fields(env_id, self._env.action_space))
+        self._low = np.asarray(self.spec.action_low, np.float32)
+        self._high = np.asarray(self.spec.action_high, np.float32)
 
     def reset(self) -> np.ndarray:
         # Seed the first reset only; later resets continue the env's own random stream.
@@ -43,7 +47,10 @@ class GymEnv:
         observation, _ = self._env.reset(seed=seed)
         return np.asarray(observation, np.float32).reshape(-1)
 
-    def step(self, action: int) -> StepResult:
+    def step(self, action: int | np.ndarray) -> StepResult:
+        """`action`: an int (Discrete) or float32 [D] (Box, clipped into the bounds here)."""
+        if self.spec.continuous:
+            action = np.clip(np.asarray(action, np.float32), self._low, self._high)
         observation, reward, terminated, truncated, _ = self._env.step(action)
         observation = np.asarray(observation, np.float32).reshape(-1)
         return StepResult(observation, float(reward), bool(terminated), bool(truncated), float(reward))
@@ -57,6 +64,18 @@ class GymEnv:
 
     def close(self) -> None:
         self._env.close()
+
+
+def action_fields(env_id: str, space: gymnasium.Space) -> dict[str, Any]:
+    """EnvSpec's action fields of a gymnasium action space: num_actions for a Discrete one; action_shape and the
+    bounds for a one-dimensional Box. Anything else is refused naming the space."""
+    if isinstance(space, gymnasium.spaces.Discrete):
+        return {"num_actions": int(space.n)}
+    if isinstance(space, gymnasium.spaces.Box) and len(space.shape) == 1:
+        return {"num_actions": 0, "action_shape": tuple(space.shape),
+                "action_low": tuple(space.low.astype(np.float32).tolist()),
+                "action_high": tuple(space.high.astype(np.float32).tolist())}
+    raise ValueError(f"--env=gym:{env_id}: action space is {space}, expected Discrete or a one-dimensional Box")
 
 
 def make_spec(name: str, options: dict[str, Any]) -> EnvSpec:

@@ -195,7 +195,8 @@ def play(agent: Any, env_batch: Any, quotas: np.ndarray, device: Any, video: Epi
         video.start()
     reward = np.zeros(m, np.float32)
     done = np.ones(m, bool)
-    prev_action = np.zeros(m, np.int64)
+    spec = env_batch.spec  # actions: int64 [M] (Discrete) or float32 [M, D] (Box)
+    prev_action = np.zeros((m, *spec.action_shape), spec.batch_action_dtype)
     remaining = quotas.copy()
     episodes: list[Episode] = []
     while remaining.any():
@@ -204,7 +205,7 @@ def play(agent: Any, env_batch: Any, quotas: np.ndarray, device: Any, video: Epi
         with torch.no_grad():
             out = agent.evaluation_act(network, batch, state)
         state = out.state
-        actions = out.action.cpu().numpy().astype(np.int64)
+        actions = out.action.cpu().numpy().astype(spec.batch_action_dtype)
         step = env_batch.step(actions)
         for stats in step.finished:
             if remaining[stats.env_index] > 0:
@@ -351,6 +352,7 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
     the user typed (an untyped --eval_greedy keeps the checkpoint's)."""
     import torch
 
+    from seed.contracts.agent import check_action_space
     from seed.envs import make_batch, make_spec
 
     if options.episodes < 1:
@@ -375,6 +377,10 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
     np.random.seed(seed % 2**32)
     env_options = {**config.env_options(), "seed": seed, "atari_vector_env": False, "render_rgb": bool(options.video)}
     spec = make_spec(config.env, config.env_options())
+    try:
+        check_action_space(type(config).agent_class, spec, config.agent)
+    except ValueError as error:
+        raise UserError(str(error)) from None
     agent = type(config).agent_class(spec, config)
     agent.load_state_dict(state["agent"])
     quotas = episode_quotas(options.episodes, options.num_envs)

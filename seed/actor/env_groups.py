@@ -201,7 +201,7 @@ class GroupedActor(Actor):
                 reply = self._receive(slot, stream)
                 received = time.perf_counter()
                 latency = received - sent[g]
-                actions = wire.decode_tensor(reply.actions.action, "actions.action", "int32", (slot.num_envs,))
+                actions = wire.decode_actions(reply.actions.action, self.spec, slot.num_envs)
                 step = group.step(actions)
                 stream.send(step_message(step, self.compression))
                 sent[g] = time.perf_counter()

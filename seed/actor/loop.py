@@ -62,6 +62,11 @@ class SupersededError(RuntimeError):
     """A newer actor run took over this actor's index while this one was alive: reconnecting would evict it."""
 
 
+class InvalidReplyError(RuntimeError):
+    """The learner's reply is one the actor refuses to step its envs with (actions of the wrong dtype or shape, a
+    NaN or inf in a Box action): the message names the field, the value received and the value expected."""
+
+
 class ReconnectBackoff:
     """The wait before each reconnection: starts at `initial_s`, doubles after every connection that failed
     without streaming, up to `max_s`, and starts over after a connection that streamed (a step was answered),
@@ -209,6 +214,8 @@ class Actor:
                     self._shm_failed(backoff, error, steps_before)
                 except ShmSuperseded as error:
                     raise SupersededError(str(error)) from None
+                except wire.WireError as error:
+                    raise InvalidReplyError(str(error)) from None
                 except ShmUnavailable as error:
                     if self.stop.is_set():
                         break
@@ -303,6 +310,7 @@ class Actor:
         def exchange(step: BatchStep) -> np.ndarray:
             actions = link.step(step.observation, step.reward.astype(np.float32, copy=False), step.done,
                                 step.truncated)
+            wire.check_actions(actions, self.spec, "slab.action")
             if step.finished:
                 link.send_episodes([wire.episode_to_proto(e) for e in step.finished])
             return actions
@@ -324,7 +332,7 @@ class Actor:
 
         def exchange(step: BatchStep) -> np.ndarray:
             reply = stream.call(step_message(step, codec))
-            return wire.decode_tensor(reply.actions.action, "actions.action", "int32", (k,))
+            return wire.decode_actions(reply.actions.action, self.spec, k)
 
         self._step_loop(exchange)
 

@@ -37,7 +37,7 @@ def main(argv: list[str]) -> None:
         print(f"seed-actor: {config.env_groups_error()}", file=sys.stderr)
         sys.exit(2)
     from seed.actor.env_groups import make_actor
-    from seed.actor.loop import ConfigurationError, SupersededError
+    from seed.actor.loop import ConfigurationError, InvalidReplyError, SupersededError
     from seed.transport import TransportConfigError
 
     try:
@@ -55,6 +55,9 @@ def main(argv: list[str]) -> None:
             hint = (f" (this actor sends {config.envs_per_actor} envs per stream: the learner needs the same "
                     "--envs_per_actor and --env_groups)")
         print(f"seed-actor: the learner rejected this actor: {error}{hint}", file=sys.stderr)
+        sys.exit(2)
+    except InvalidReplyError as error:
+        print(f"seed-actor: refused the learner's reply, stepping no env with it: {error}", file=sys.stderr)
         sys.exit(2)
     except SupersededError as error:
         print(f"seed-actor: --actor_index={config.actor_index}: another actor took over this index; exiting "

@@ -115,9 +115,11 @@ class ShmLink:
             memfd, request_fd, reply_fd = fds
             values = dict(reply["layout"], fd=memfd, observation_shape=tuple(reply["layout"]["observation_shape"]))
             layout = SlabLayout(**values)
-            if layout.envs_per_actor != handshake.num_envs or not handshake.actor_index < layout.num_actors:
+            if (layout.envs_per_actor != handshake.num_envs or not handshake.actor_index < layout.num_actors
+                    or layout.action_shape != tuple(handshake.spec.action_shape)):
                 raise ShmUnavailable(f"handshake reply layout: got {layout}, expected envs_per_actor "
-                                     f"{handshake.num_envs} and more than {handshake.actor_index} actors")
+                                     f"{handshake.num_envs}, more than {handshake.actor_index} actors and "
+                                     f"action_shape {tuple(handshake.spec.action_shape)}")
             slab = StepSlab.attach(layout)
             sock.settimeout(None)
             link = cls(sock, slab, request_fd, reply_fd, handshake.actor_index, handshake.run_id,
@@ -142,7 +144,8 @@ class ShmLink:
 
     def step(self, observation: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
              ) -> np.ndarray:
-        """Hands one step of the K envs to inference through the slab; their actions (int32 [K], a copy)."""
+        """Hands one step of the K envs to inference through the slab; their actions (a copy: int32 [K], or
+        float32 [K, D] for a Box; the caller checks their values, `wire.check_actions`)."""
         slab, actor = self.slab, self.actor
         self._lock()
         try:

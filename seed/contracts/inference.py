@@ -32,7 +32,8 @@ class InferenceBatch:
       observation: [B, *observation_shape], single frames as the actors sent them.
       reward: float32 [B], reward received on arriving at this step.
       done: bool [B], this step starts a new episode (reset the recurrent state and frame stack first).
-      prev_action: int64 [B], the action taken at the previous step.
+      prev_action: the action taken at the previous step (0 after a reset): int64 [B] for a Discrete action
+        space, float32 [B, D] in the env's units for a Box (EnvSpec.action_shape (D,)).
     """
 
     env_ids: torch.Tensor
@@ -51,7 +52,11 @@ class InferenceBatch:
 
 @dataclasses.dataclass
 class ActOutput:
-    """The agent's `act` result: actions int64 [B], outputs to store {name: [B, ...]}, new state rows [B, ...]."""
+    """The agent's `act` result: actions, outputs to store {name: [B, ...]}, new state rows [B, ...].
+
+    `action`: int64 [B] for a Discrete action space; float32 [B, D] in the env's units for a Box (an agent maps
+    its squashed output into [action_low, action_high]; the env clips what still falls outside, and an actor
+    refuses a NaN or an inf)."""
 
     action: torch.Tensor
     outputs: dict[str, torch.Tensor]

@@ -8,6 +8,7 @@ Step fields stored for every env step t (time index within an unroll):
   truncated    bool          the episode that ended at t was cut by the time limit (only with done)
   prev_action  int64         the action fed to the network at t (the action taken at t - 1)
   action       int64         the action taken at t
+               (Box action spaces: prev_action and action are float32 [D], in the env's units)
   valid        bool          False for the zero padding in front of a fresh env's first unroll
   policy_version int64       the learner's train_steps whose parameters chose the action at t (inference)
   <agent outputs>            e.g. policy_logits [A] (V-trace) or q_values [A] (R2D2), at t

@@ -30,7 +30,13 @@ from seed.inference.rollout_gate import RolloutGate
 from seed.inference.state_table import StateTable
 from seed.serving.notify import RequestBatcher
 from seed.serving.slab import REPLY_FAILED, REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
-from seed.transport.wire import WireError, check_step_values, invalid_step_values
+from seed.transport.wire import (
+    WireError,
+    check_observation_values,
+    check_step_values,
+    invalid_observations,
+    invalid_step_values,
+)
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +96,7 @@ class _Requests:
 
     actors, seqs, runs: int64 [n], in arrival order. arrivals: float64 [n], monotonic seconds. env_ids: int64
     [n * K], the actors' rows actor by actor. reward: float32 [n * K]; done, truncated: bool [n * K].
-    prev_action: int64 [n * K], each row's previous action (set once new runs are reset).
+    prev_action: int64 [n * K] (Box: float32 [n * K, D]), each row's previous action (set once new runs are reset).
     """
 
     actors: np.ndarray
@@ -170,7 +176,10 @@ class CentralInference:
         self.on_batch = outputs.on_batch
         self.on_timing = outputs.on_timing
         self.actor_run = np.zeros(slab.layout.num_actors, np.int64)  # run whose rows the tables hold; 0 = none
-        self.prev_action = np.zeros(num_envs, np.int64)
+        # Actions on the learner (EnvSpec.batch_action_dtype): int64 [B] indices, or float32 [B, D] for a Box.
+        self.action_shape = slab.layout.action_shape
+        action_dtype = np.float32 if self.action_shape else np.int64
+        self.prev_action = np.zeros((num_envs, *self.action_shape), action_dtype)
         self.parameters = ParameterPublisher(network, device, model.policy_version)
         self.gate = rollout_gate
         self._gating = _GateBookkeeping(rollout_gate, self.parameters)
@@ -182,9 +191,11 @@ class CentralInference:
         pin = device.type == "cuda"
         self._staging = torch.empty_like(self._observations, pin_memory=pin)
         self._observations_np, self._staging_np = self._observations.numpy(), self._staging.numpy()
-        self._inputs_host = {name: torch.zeros(num_envs, dtype=dtype, pin_memory=pin)
-                             for name, dtype in (("env_ids", torch.int64), ("prev_action", torch.int64),
-                                                 ("reward", torch.float32), ("done", torch.bool))}
+        self._inputs_host = {name: torch.zeros((num_envs, *shape), dtype=dtype, pin_memory=pin)
+                             for name, dtype, shape in (("env_ids", torch.int64, ()),
+                                                        ("prev_action", torch.from_numpy(self.prev_action).dtype,
+                                                         self.action_shape),
+                                                        ("reward", torch.float32, ()), ("done", torch.bool, ()))}
         self._inputs_np = {name: tensor.numpy() for name, tensor in self._inputs_host.items()}
         policy_args = (agent, network, self.state_table, device)
         if model.cuda_graphs and pin:
@@ -289,19 +300,23 @@ class CentralInference:
         np.take(self._observations_np, env_ids, axis=0, out=self._staging_np[:len(env_ids)], mode="clip")
         return slab.arrival_s[actors], slab.reward[env_ids], slab.done[env_ids], slab.truncated[env_ids]
 
-    def _invalid(self, actors: np.ndarray, seqs: np.ndarray, reward: np.ndarray, done: np.ndarray,
-                 truncated: np.ndarray) -> np.ndarray:
+    def _invalid(self, actors: np.ndarray, seqs: np.ndarray, observation: np.ndarray, reward: np.ndarray,
+                 done: np.ndarray, truncated: np.ndarray) -> np.ndarray:
         """bool [n]: the requests whose copied values fail `wire.check_step_values` (rewards float32 [n * K],
-        done and truncated bool [n * K]); each is answered REPLY_INVALID with the check's message."""
+        done and truncated bool [n * K]) or `wire.check_observation_values` (observations [n * K, ...]: a NaN or
+        an inf); each is answered REPLY_INVALID with the check's message."""
         k = self.k
         invalid = invalid_step_values(reward, done, truncated).reshape(-1, k).any(axis=1)
+        invalid |= invalid_observations(observation, k)
         if not invalid.any():
             return invalid
         for i in np.flatnonzero(invalid).tolist():
             rows = slice(i * k, (i + 1) * k)
             try:
                 check_step_values(reward[rows], done[rows], truncated[rows])
-                message = "step: got values that fail the step checks, expected finite rewards and 0/1 flags"
+                check_observation_values(observation[rows])
+                message = ("step: got values that fail the step checks, expected finite rewards and observations "
+                           "and 0/1 flags")
             except WireError as error:
                 message = str(error)
             self.slab.set_error(int(actors[i]), message)
@@ -346,7 +361,8 @@ class CentralInference:
         # Rows an shm actor wrote itself were never decoded by the serving process: the values it checks are
         # checked here, on our copies (so the actor cannot change them after the check), and a bad request is
         # answered REPLY_INVALID with the reason instead of becoming a step.
-        invalid = self._invalid(actors, seqs, reward, done, truncated) & ~changed
+        observation = self._staging_np[:len(env_ids)]
+        invalid = self._invalid(actors, seqs, observation, reward, done, truncated) & ~changed
         dropped = changed | invalid
         if dropped.any():
             rows = np.repeat(~dropped, k)
@@ -388,16 +404,23 @@ class CentralInference:
         return np.repeat(is_new, self.k)
 
     def _act(self, b: int) -> tuple[torch.Tensor, dict[str, torch.Tensor], Any]:
-        """The policy on the first `b` rows of the input buffers: (host action [B], host outputs, device state
-        before the step)."""
+        """The policy on the first `b` rows of the input buffers: (host action [B] or [B, D], host outputs, device
+        state before the step)."""
         host = self._inputs_host
         inputs = InferenceBatch(env_ids=host["env_ids"][:b], observation=self._staging[:b],
                                 reward=host["reward"][:b], done=host["done"][:b], prev_action=host["prev_action"][:b])
         return self.policy(inputs)
 
     def _write_back(self, requests: _Requests, action: torch.Tensor) -> None:
-        """The actions into the slab's action rows and the previous-action table; the actors are answered."""
+        """The actions into the slab's action rows and the previous-action table; the actors are answered.
+        Raises ValueError (the batch's actors get REPLY_FAILED) for actions of another shape or kind than the
+        env's: int [B] for a Discrete space, float [B, D] for a Box."""
         actions = action.numpy()
+        expected = (len(requests.env_ids), *self.action_shape)
+        kinds = "f" if self.action_shape else "iu"
+        if tuple(actions.shape) != expected or actions.dtype.kind not in kinds:
+            raise ValueError(f"agent.act: action: got {actions.dtype.name} {list(actions.shape)}, expected "
+                             f"{'float32' if self.action_shape else 'int64'} {list(expected)}")
         self.slab.action[requests.env_ids] = actions
         self.prev_action[requests.env_ids] = actions
         self._answer(requests.actors, requests.seqs, REPLY_OK)

@@ -20,8 +20,8 @@ from seed.contracts import InferenceBatch, State
 from seed.inference.state_table import StateTable
 
 PolicyResult = tuple[torch.Tensor, dict[str, torch.Tensor], State]
-"""(actions int64 [B] on the host, outputs {name: [B, ...]} on the host, state before the step [B, ...] on the
-device)."""
+"""(actions int64 [B] (Box: float32 [B, D]) on the host, outputs {name: [B, ...]} on the host, state before the
+step [B, ...] on the device)."""
 
 
 class _HostResults:
@@ -117,7 +117,8 @@ class GraphedPolicy:
         static = InferenceBatch(
             observation=torch.zeros((rows, *like.observation.shape[1:]), dtype=like.observation.dtype, device=device),
             env_ids=torch.full((rows,), self.table.scratch_row, dtype=torch.int64, device=device),
-            prev_action=torch.zeros(rows, dtype=torch.int64, device=device),
+            prev_action=torch.zeros((rows, *like.prev_action.shape[1:]), dtype=like.prev_action.dtype,
+                                    device=device),
             reward=torch.zeros(rows, dtype=torch.float32, device=device),
             done=torch.ones(rows, dtype=torch.bool, device=device))
         side = torch.cuda.Stream(device)

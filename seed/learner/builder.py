@@ -22,6 +22,7 @@ import numpy as np
 import torch
 
 from seed.config import LearnerConfig, burn_in_steps
+from seed.contracts.agent import check_action_space
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
 from seed.experience.priority_refresh import PriorityRefresher, make_priority_refresher
@@ -66,7 +67,7 @@ class ServingChannels:
     @classmethod
     def create(cls, config: LearnerConfig, spec: EnvSpec, num_inference_devices: int) -> ServingChannels:
         slab = StepSlab.create(config.actor_streams, config.envs_per_stream, spec.observation_shape,
-                               spec.observation_dtype)
+                               spec.observation_dtype, spec.action_shape, spec.action_dtype)
         request_pipes = [new_request_channel() for _ in range(num_inference_devices)]
         reply_fds = [new_reply_fd() for _ in range(config.actor_streams)]
         lifeline_read, lifeline_write = os.pipe()
@@ -137,6 +138,7 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     inference_devices = [torch.device(d.strip()) for d in devices.split(",") if d.strip()]
     stop = threading.Event()
 
+    check_action_space(type(config).agent_class, spec, config.agent)  # before the agent builds its networks
     agent = type(config).agent_class(spec, config)
     agent.to(training_device)
     optimizer = make_optimizer(agent, config)

@@ -237,13 +237,14 @@ def main(argv: list[str]) -> None:
         return
     import torch  # noqa: F401  (imported late so --help and --print_config stay fast)
 
+    from seed.contracts.agent import IncompatibleActionSpace
     from seed.experience.replay import ReplayDoesNotFit
     from seed.learner.learner import Learner
     from seed.learner.supervision import install_signal_handlers
 
     try:
         learner = Learner(config, security=security)
-    except ReplayDoesNotFit as error:
+    except (ReplayDoesNotFit, IncompatibleActionSpace) as error:
         print(f"seed-learner: {error}", file=sys.stderr)
         sys.exit(2)
     install_signal_handlers(learner.request_stop)

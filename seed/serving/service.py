@@ -97,7 +97,10 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
             compression.check_codec(handshake.compression, "compression")
         except ValueError as error:
             return str(error)
-        return wire.spec_mismatch(wire.spec_from_proto(handshake.spec), self.spec)
+        try:
+            return wire.spec_mismatch(wire.spec_from_proto(handshake.spec), self.spec)
+        except wire.WireError as error:
+            return str(error)
 
     def grant_compression(self, handshake: seed_pb2.Handshake, context: grpc.ServicerContext) -> str:
         """The codec this stream's observations may use: the one asked for (checked by check_handshake), except on
@@ -118,6 +121,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         done = wire.decode_tensor(step.done, "step.done", "bool", (k,))
         truncated = wire.decode_tensor(step.truncated, "step.truncated", "bool", (k,))
         wire.check_step_values(reward, done, truncated)
+        wire.check_observation_values(observation)
         for i, episode in enumerate(step.finished):
             self.check_episode(i, episode)
         return observation, reward, done, truncated
@@ -138,7 +142,8 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
 
     def _infer(self, actor: int, run_id: int, arrays: tuple[np.ndarray, ...], context: grpc.ServicerContext
                ) -> np.ndarray:
-        """Hands one step to inference through the slab and waits for its actions (int32 [K])."""
+        """Hands one step to inference through the slab and waits for its actions (int32 [K], or float32 [K, D]
+        for a Box)."""
         slot, slab = self.slots[actor], self.slab
         request_fd = self.request_fds[actor % len(self.request_fds)]
         with slot.lock:
@@ -165,7 +170,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
 
     def _write_and_wait(self, actor: int, run_id: int, arrays: tuple[np.ndarray, ...], request_fd: int,
                         context: grpc.ServicerContext) -> tuple[int, np.ndarray]:
-        """With the slot's locks held: (reply status, actions int32 [K]) of one request."""
+        """With the slot's locks held: (reply status, actions int32 [K] or float32 [K, D]) of one request."""
         slab = self.slab
         if int(slab.live_run[actor]) != run_id:
             context.abort(wire.SUPERSEDED, self._replaced(actor, run_id))

@@ -14,6 +14,7 @@ Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
   done           bool [N]
   truncated      bool [N]
   action         int32 [N]          written by inference, read by the serving process for the reply
+                 (float32 [N, D] for a Box action space: the layout's action_dtype and action_shape)
   request_run    int64 [A]          run id of the actor run whose step is in the slot
   request_seq    int64 [A]          increments with every request of the slot; negative while one is written
   arrival_s      float64 [A]        time.monotonic() when the request arrived (system-wide clock)
@@ -63,6 +64,8 @@ class SlabLayout:
     """What both processes need to map the same slab (plain values: it crosses the process boundary as JSON).
 
     fd: the learner's descriptor of the shared file; the serving process inherits the same number.
+    action_shape, action_dtype: one env's action as the env spec has it on the wire: () and "int32" (Discrete),
+      (D,) and "float32" (Box).
     """
 
     fd: int
@@ -70,6 +73,13 @@ class SlabLayout:
     envs_per_actor: int
     observation_shape: tuple[int, ...]
     observation_dtype: str
+    action_shape: tuple[int, ...] = ()
+    action_dtype: str = "int32"
+
+    def __post_init__(self):
+        # JSON (the serving process's configuration, the shm handover) carries tuples as lists.
+        object.__setattr__(self, "observation_shape", tuple(self.observation_shape))
+        object.__setattr__(self, "action_shape", tuple(self.action_shape))
 
     @property
     def num_envs(self) -> int:
@@ -80,7 +90,7 @@ class SlabLayout:
         return [
             ("observation", self.observation_dtype, (n, *self.observation_shape)),
             ("reward", "float32", (n,)), ("done", "bool", (n,)), ("truncated", "bool", (n,)),
-            ("action", "int32", (n,)),
+            ("action", self.action_dtype, (n, *self.action_shape)),
             ("request_run", "int64", (a,)), ("request_seq", "int64", (a,)), ("arrival_s", "float64", (a,)),
             ("live_run", "int64", (a,)), ("reply_seq", "int64", (a,)), ("reply_status", "int8", (a,)),
             ("reply_error", "uint8", (a, REPLY_ERROR_BYTES)),
@@ -135,8 +145,9 @@ class StepSlab:
 
     @classmethod
     def create(cls, num_actors: int, envs_per_actor: int, observation_shape: tuple[int, ...],
-               observation_dtype: str) -> StepSlab:
-        layout = SlabLayout(-1, num_actors, envs_per_actor, tuple(observation_shape), observation_dtype)
+               observation_dtype: str, action_shape: tuple[int, ...] = (), action_dtype: str = "int32") -> StepSlab:
+        layout = SlabLayout(-1, num_actors, envs_per_actor, tuple(observation_shape), observation_dtype,
+                            tuple(action_shape), action_dtype)
         fd = _shared_file(layout.offsets()[1])
         os.set_inheritable(fd, True)
         return cls(dataclasses.replace(layout, fd=fd), owner=True)

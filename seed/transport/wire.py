@@ -72,6 +72,48 @@ def check_step_values(reward: np.ndarray, done: np.ndarray, truncated: np.ndarra
     check_bool_bytes("step.truncated.data", np.asarray(truncated).view(np.uint8))
 
 
+def invalid_observations(observation: np.ndarray, k: int) -> np.ndarray:
+    """bool [n]: which of n requests' observations (float rows [n * k, ...]; other dtypes are never invalid) hold
+    a NaN or an inf; the vectorised form of `check_observation_values`."""
+    if observation.dtype.kind != "f":
+        return np.zeros(len(observation) // k, bool)
+    return ~np.isfinite(observation.reshape(len(observation) // k, -1)).all(axis=1)
+
+
+def check_observation_values(observation: np.ndarray, field: str = "step.observation") -> None:
+    """Raises WireError naming the first NaN or inf of float observations [K, *shape] (env row, flat index)."""
+    if observation.dtype.kind != "f":
+        return
+    flat = observation.reshape(len(observation), -1)
+    bad = np.argwhere(~np.isfinite(flat))
+    if len(bad):
+        env, index = (int(v) for v in bad[0])
+        raise WireError(f"{field}: got {flat[env, index]} at env {env}, element {index} ({len(bad)} non-finite "
+                        f"values), expected finite {observation.dtype.name} observations")
+
+
+def decode_actions(tensor: seed_pb2.Tensor, spec: EnvSpec, num_envs: int, field: str = "actions.action"
+                   ) -> np.ndarray:
+    """The learner's actions for K envs, as the actor steps them: Discrete int32 [K], Box float32 [K, D]; checked
+    like `check_actions`."""
+    actions = decode_tensor(tensor, field, spec.action_dtype, (num_envs, *spec.action_shape))
+    check_actions(actions, spec, field)
+    return actions
+
+
+def check_actions(actions: np.ndarray, spec: EnvSpec, field: str = "actions.action") -> None:
+    """Raises WireError unless a Box's actions [K, D] are all finite (out of bounds is allowed: the env clips);
+    names the first NaN or inf by env and dimension. Discrete actions need no value check here (the env's own)."""
+    if not spec.continuous:
+        return
+    bad = np.argwhere(~np.isfinite(actions))
+    if len(bad):
+        env, dim = (int(v) for v in bad[0])
+        raise WireError(f"{field}: got {actions[env, dim]} at env {env}, dimension {dim} ({len(bad)} non-finite "
+                        f"values), expected finite float32 actions of {spec.action_space} (bounds "
+                        f"{list(spec.action_low)}..{list(spec.action_high)}, clipped by the env)")
+
+
 def spec_to_proto(spec: EnvSpec) -> seed_pb2.EnvSpec:
     return seed_pb2.EnvSpec(
         env=spec.name,
@@ -80,25 +122,39 @@ def spec_to_proto(spec: EnvSpec) -> seed_pb2.EnvSpec:
         num_actions=spec.num_actions,
         action_repeat=spec.action_repeat,
         frame_stack=spec.frame_stack,
+        action_shape=spec.action_shape,
+        action_low=spec.action_low,
+        action_high=spec.action_high,
     )
 
 
 def spec_from_proto(message: seed_pb2.EnvSpec) -> EnvSpec:
-    return EnvSpec(
-        name=message.env,
-        observation_shape=tuple(message.observation_shape),
-        observation_dtype=message.observation_dtype,
-        num_actions=message.num_actions,
-        action_repeat=message.action_repeat,
-        frame_stack=message.frame_stack,
-    )
+    """The actor's spec; raises WireError naming the field for action fields that describe no action space."""
+    try:
+        return EnvSpec(
+            name=message.env,
+            observation_shape=tuple(message.observation_shape),
+            observation_dtype=message.observation_dtype,
+            num_actions=message.num_actions,
+            action_repeat=message.action_repeat,
+            frame_stack=message.frame_stack,
+            action_shape=tuple(message.action_shape),
+            action_low=tuple(message.action_low),
+            action_high=tuple(message.action_high),
+        )
+    except ValueError as error:
+        raise WireError(f"spec: {error}") from None
+
+
+SPEC_FIELDS = ("name", "observation_shape", "observation_dtype", "num_actions", "action_repeat", "frame_stack",
+               "action_shape", "action_low", "action_high")
 
 
 def spec_mismatch(received: EnvSpec, expected: EnvSpec) -> str | None:
     """A message naming every field where the actor's spec differs from the learner's, or None."""
     problems = [
         f"spec.{field}: got {getattr(received, field)!r}, expected {getattr(expected, field)!r}"
-        for field in ("name", "observation_shape", "observation_dtype", "num_actions", "action_repeat", "frame_stack")
+        for field in SPEC_FIELDS
         if getattr(received, field) != getattr(expected, field)
     ]
     return "; ".join(problems) or None
