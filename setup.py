@@ -91,6 +91,9 @@ setup(
         "football": ["gym==0.25.2", "six"],
         # --env=minatar:*; minatar also pulls pandas, scipy and seaborn (its display code, never imported here).
         "minatar": ["minatar"],
+        # --env=gym:Hopper-v5 and the other MuJoCo tasks: gymnasium's MuJoCo dependencies (mujoco 4.0 with gymnasium
+        # 1.4; headless rendering for seed-eval's videos with MUJOCO_GL=egl).
+        "mujoco": ["gymnasium[mujoco]"],
         # seed-eval --video: imageio writes the frames, imageio-ffmpeg ships an ffmpeg binary for MP4, pygame
         # draws gymnasium's classic-control screens (CartPole's rgb_array render).
         "video": ["imageio", "imageio-ffmpeg", "pygame"],
