@@ -28,8 +28,14 @@ FIFO queue's unrolls), which is what the per-env return needs.
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 from torch import nn
+
+from seed.contracts.training import TrainingBatch, Unroll
+
+SCALED_REWARD = "scaled_reward"  # the unroll column a ReturnScaler adds: float32 [T + 1, B], row t + 1 scales r_{t+1}
 
 
 def _kahan_add(total: torch.Tensor, compensation: torch.Tensor, value: torch.Tensor) -> None:
@@ -147,3 +153,51 @@ class ReturnScaler(nn.Module):
         self.moments.update(torch.cat(seen).unsqueeze(-1))
         scale = torch.rsqrt(self.moments.var + self.eps)
         return (rewards * scale).clamp(-self.clip, self.clip)
+
+
+def with_scaled_rewards(scaler: ReturnScaler | None, batch: TrainingBatch) -> TrainingBatch:
+    """`batch` with a SCALED_REWARD column beside the raw rewards (which the networks read as inputs, so they
+    stay as inference saw them), made by `scaler` from the whole batch; `batch` itself when `scaler` is None.
+
+    Row t + 1 of the column is the scaled reward r_{t+1} of the action at t; row 0 is 0 (it belongs to the previous
+    unroll, whose last step this one repeats). Two unrolls of one env in the same batch (possible from the FIFO
+    queue) both continue the env's return from before the batch.
+    """
+    if scaler is None:
+        return batch
+    unrolls = batch.unrolls
+    scaled = torch.zeros_like(unrolls.reward)
+    # r_{t+1} is the reward of the action at t: counted where step t is valid (padding is only at the front).
+    scaled[1:] = scaler.update_and_scale(unrolls.reward[1:], unrolls.done[1:], unrolls.env_id, unrolls.valid[:-1])
+    steps = {**unrolls.steps, SCALED_REWARD: scaled}
+    return dataclasses.replace(batch, unrolls=Unroll(steps, unrolls.initial_state, unrolls.env_id))
+
+
+def loss_rewards(unrolls: Unroll, max_abs_reward: float) -> torch.Tensor:
+    """The rewards [T, B] a loss trains on: r_{t+1} scaled by `with_scaled_rewards` when the batch has them,
+    else the raw rewards, clipped to [-max_abs_reward, max_abs_reward] when that is > 0."""
+    rewards = unrolls.steps[SCALED_REWARD][1:] if SCALED_REWARD in unrolls.steps else unrolls.reward[1:]
+    return rewards.clamp(-max_abs_reward, max_abs_reward) if max_abs_reward > 0 else rewards
+
+
+def update_observation_statistics(normalizer: ObservationNormalizer | None, unrolls: Unroll) -> None:
+    """Adds the batch's observations to `normalizer` (None: nothing): every valid step but the last, which the next
+    unroll of the env repeats as its first, so each step counts once."""
+    if normalizer is not None:
+        normalizer.update(unrolls.observation[:-1][unrolls.valid[:-1]])
+
+
+def state_dict_with_scaler(network: nn.Module, scaler: ReturnScaler | None) -> dict:
+    """An agent's checkpoint state: the network's state dict (the observation statistics are its buffers) and,
+    with --normalize_rewards, the reward scaler's (each env's return and the returns' moments)."""
+    state = {"network": network.state_dict()}
+    if scaler is not None:
+        state["reward_scaler"] = scaler.state_dict()
+    return state
+
+
+def load_state_dict_with_scaler(network: nn.Module, scaler: ReturnScaler | None, state: dict) -> None:
+    """Restores `state_dict_with_scaler`'s result (a checkpoint without reward statistics starts them afresh)."""
+    network.load_state_dict(state["network"])
+    if scaler is not None and "reward_scaler" in state:
+        scaler.load_state_dict(state["reward_scaler"])

@@ -2,6 +2,8 @@
 
   NetworkOptions      the torso and core of agents/networks.py (V-trace, PPO, R2D2; MuZero's MLP and LSTM sizes)
   ActorCriticOptions  the actor-critic losses' weights, lambda and reward clipping (V-trace, PPO)
+  InputStatisticsOptions  running observation normalisation and return-based reward scaling (V-trace, PPO)
+  BoxPolicyOptions    the tanh-Gaussian policy on Box action spaces (V-trace, PPO)
 """
 
 from __future__ import annotations
@@ -40,3 +42,37 @@ class ActorCriticOptions:
     max_abs_reward: float = option(0.0, "Clip rewards to [-x, x] for the loss; 0 = off.")
     eval_greedy: bool = option(False, "Evaluation envs (and seed-eval) play the policy's argmax instead of "
                                       "sampling from it.")
+
+
+@dataclasses.dataclass
+class InputStatisticsOptions:
+    """Running statistics of the inputs (agents/normalization.py), updated from training batches."""
+
+    normalize_observations: bool = option(False, "Normalise vector observations by their running mean and std "
+                                                 "(network buffers: published to inference, checkpointed), "
+                                                 "clipped to +-observation_clip.")
+    observation_clip: float = option(10.0, "Clip of the normalised observations (SEED's and CleanRL's 10).")
+    normalize_rewards: bool = option(False, "Divide the rewards the loss sees by the running std of each env's "
+                                            "discounted return (CleanRL's normalize_reward); logged returns stay "
+                                            "raw.")
+    reward_clip: float = option(10.0, "Clip of the scaled rewards with --normalize_rewards (CleanRL's 10).")
+
+
+@dataclasses.dataclass
+class BoxPolicyOptions:
+    """The tanh-squashed Gaussian policy on Box action spaces (agents/gaussian_actor_critic.py)."""
+
+    policy_min_std: float = option(1e-3, "Box actions: the Gaussian's minimum std (SEED's 1e-3).")
+    initial_log_std: float = option(0.0, "Box actions: the initial log std, a state-independent parameter "
+                                         "(CleanRL's 0).")
+
+
+def check_input_statistics_options(config: InputStatisticsOptions) -> None:
+    """Refusals of the input-statistics and Box policy flags (ValueError naming the field, value and expected)."""
+    checks = [("observation_clip", config.observation_clip > 0, "> 0"),
+              ("reward_clip", config.reward_clip > 0, "> 0")]
+    if isinstance(config, BoxPolicyOptions):
+        checks.append(("policy_min_std", config.policy_min_std > 0, "> 0"))
+    for name, ok, expected in checks:
+        if not ok:
+            raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")

@@ -61,13 +61,14 @@ def conv_on_frames(conv: nn.Conv2d, frames: torch.Tensor) -> torch.Tensor:
 
 
 class MLPTorso(nn.Module):
-    """Flattened vector observation [N, D] -> ReLU MLP features [N, sizes[-1]]."""
+    """Flattened vector observation [N, D] -> MLP features [N, sizes[-1]], ReLU (or `activation`) after each layer
+    (the Box actor-critic's MLPs use tanh, as CleanRL's and SEED's MuJoCo networks)."""
 
-    def __init__(self, input_size: int, sizes: tuple[int, ...]):
+    def __init__(self, input_size: int, sizes: tuple[int, ...], activation: type[nn.Module] = nn.ReLU):
         super().__init__()
         layers, last = [], input_size
         for size in sizes:
-            layers += [nn.Linear(last, size), nn.ReLU()]
+            layers += [nn.Linear(last, size), activation()]
             last = size
         self.layers = nn.Sequential(*layers)
         self.output_size = last

@@ -1,5 +1,8 @@
 """The PPO agent (HTS-RL's learner): the V-trace agent's actor-critic network, sampling at inference, and a
-training step of `ppo_epochs` x `ppo_minibatches` clipped-surrogate updates over each rollout."""
+training step of `ppo_epochs` x `ppo_minibatches` clipped-surrogate updates over each rollout.
+
+Box actions: the tanh-squashed Gaussian of agents/gaussian_actor_critic.py; the ratios use the behaviour policy's
+log density of each action, stored with the unroll (`action_log_prob`)."""
 
 from __future__ import annotations
 
@@ -10,10 +13,18 @@ from torch import nn
 from torch.nn import functional as F
 
 from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
-from seed.agents.options import check_network_options
+from seed.agents.gaussian_actor_critic import box_act, box_log_probs
+from seed.agents.normalization import (
+    load_state_dict_with_scaler,
+    loss_rewards,
+    state_dict_with_scaler,
+    update_observation_statistics,
+    with_scaled_rewards,
+)
+from seed.agents.options import check_input_statistics_options, check_network_options
 from seed.agents.ppo.config import PPOConfig
 from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
-from seed.agents.vtrace.agent import ActorCriticNetwork, _sample
+from seed.agents.vtrace.agent import _sample, actor_critic_network, evaluation_policy, reward_scaler
 from seed.config import LearnerConfig
 from seed.contracts import ActOutput, InferenceBatch, State
 from seed.contracts import agent as contract
@@ -53,6 +64,7 @@ class PPOAgent(contract.Agent):
 
     config_class = PPOConfig
     supports_sync = True  # the learner may hold actors at rollout boundaries (--sync=hts)
+    action_spaces = ("discrete", "box")
 
     @classmethod
     def default_config(cls, env_family: str) -> dict[str, Any]:
@@ -66,6 +78,7 @@ class PPOAgent(contract.Agent):
     @classmethod
     def check_config(cls, config: Any) -> None:
         check_network_options(config)
+        check_input_statistics_options(config)
         checks = [
             ("ppo_clip", config.ppo_clip > 0, "> 0"),
             ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
@@ -78,12 +91,13 @@ class PPOAgent(contract.Agent):
 
     @classmethod
     def evaluation_policy(cls, config: Any) -> str:
-        return "greedy (argmax)" if config.eval_greedy else "sampled from the policy"
+        return evaluation_policy(config)
 
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
         self.spec = spec
         self.config = config
-        self.network = ActorCriticNetwork(spec, config)
+        self.network = actor_critic_network(spec, config)
+        self.reward_scaler = reward_scaler(config)
 
     def initial_state(self, batch_size: int) -> State:
         state = self.network.initial_state(batch_size)
@@ -92,15 +106,29 @@ class PPOAgent(contract.Agent):
         return state
 
     def to(self, device: torch.device) -> contract.Agent:
-        """Moves the trained network to the training device."""
+        """Moves the trained network (and the reward scaler's statistics) to the training device."""
         self.network.to(device)
+        if self.reward_scaler is not None:
+            self.reward_scaler.to(device)
         return self
+
+    def state_dict(self) -> dict[str, Any]:
+        return state_dict_with_scaler(self.network, self.reward_scaler)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        load_state_dict_with_scaler(self.network, self.reward_scaler, state)
 
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
         """Samples a_t ~ pi(.|x_t); stores the logits and the value V(x_t) (outputs `policy_logits` [B, A] and
         `baseline` [B]). With `--deterministic` the sample is Gumbel-max on the env's counter-based uniforms
         (agents/counter_rng.py) keyed by (seed, env id, the env's step count), so it does not depend on the
-        batch. Evaluation envs play the evaluation policy (greedy with `--eval_greedy`)."""
+        batch. Evaluation envs play the evaluation policy (greedy with `--eval_greedy`).
+
+        Box actions: `box_act` (agents/gaussian_actor_critic.py): float32 actions [B, D], outputs `action_log_prob`
+        [B] and `baseline` [B]; with `--deterministic` the Gaussian draws are the inverse normal CDF of the
+        env's counter-based uniforms. Evaluation envs play the mode."""
+        if self.spec.continuous:
+            return self._box_act(network, batch, state, evaluation=False)
         logits, baseline, new_state = self._forward(network, batch, state)
         if SAMPLE_STEP in state:
             steps = state[SAMPLE_STEP]
@@ -115,12 +143,26 @@ class PPOAgent(contract.Agent):
         return ActOutput(action=action, outputs={"policy_logits": logits, "baseline": baseline}, state=new_state)
 
     def evaluation_act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
-        """The evaluation policy on every row: a sample from the policy, or its argmax with `--eval_greedy`."""
+        """The evaluation policy on every row: a sample from the policy, or its argmax with `--eval_greedy`
+        (Box actions: the mode)."""
+        if self.spec.continuous:
+            return self._box_act(network, batch, state, evaluation=True)
         logits, _, new_state = self._forward(network, batch, state)
         if SAMPLE_STEP in state:
             new_state[SAMPLE_STEP] = state[SAMPLE_STEP] + 1
         action = logits.argmax(-1) if self.config.eval_greedy else _sample(logits)
         return ActOutput(action=action, outputs={"policy_logits": logits}, state=new_state)
+
+    def _box_act(self, network: nn.Module, batch: InferenceBatch, state: State, evaluation: bool) -> ActOutput:
+        core_state = {k: v for k, v in state.items() if k != SAMPLE_STEP}
+        noise = None
+        if SAMPLE_STEP in state:
+            uniforms = counter_uniforms(self.config.seed, batch.env_ids, state[SAMPLE_STEP], self.spec.action_shape[0])
+            noise = torch.special.ndtri(uniforms).float()
+        out = box_act(network, batch, core_state, self.config, evaluation, noise)
+        if SAMPLE_STEP in state:
+            out.state[SAMPLE_STEP] = state[SAMPLE_STEP] + 1
+        return out
 
     @staticmethod
     def _forward(network: nn.Module, batch: InferenceBatch, state: State
@@ -145,9 +187,7 @@ class PPOAgent(contract.Agent):
         c = self.config
         with torch.no_grad():
             _, values = self._run(unrolls)
-        rewards = unrolls.reward[1:]
-        if c.max_abs_reward > 0:
-            rewards = rewards.clamp(-c.max_abs_reward, c.max_abs_reward)
+        rewards = loss_rewards(unrolls, c.max_abs_reward)
         discounts = (~unrolls.done[1:]).float() * c.discounting
         return gae(rewards, values[:-1], values[-1], discounts, c.lambda_)
 
@@ -158,14 +198,19 @@ class PPOAgent(contract.Agent):
         `advantages_normalized` (a data-parallel rank's share, normalised over the whole minibatch already)."""
         c = self.config
         logits, values = self._run(unrolls)
-        actions = unrolls.action[:-1].unsqueeze(-1)
-        log_probs = F.log_softmax(logits[:-1], -1)
-        action_log_probs = log_probs.gather(-1, actions).squeeze(-1)
-        behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1).gather(-1, actions).squeeze(-1)
+        policy_metrics = {}
+        if self.spec.continuous:
+            action_log_probs, behaviour_log_probs, entropy, policy_metrics = box_log_probs(self.network, logits[:-1],
+                                                                                          unrolls)
+        else:
+            actions = unrolls.action[:-1].unsqueeze(-1)
+            log_probs = F.log_softmax(logits[:-1], -1)
+            action_log_probs = log_probs.gather(-1, actions).squeeze(-1)
+            behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1).gather(-1, actions).squeeze(-1)
+            entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
         surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs,
                                            advantages if advantages_normalized else normalize(advantages), c.ppo_clip)
         baseline_loss = c.baseline_cost * 0.5 * (returns - values[:-1]).pow(2).mean()
-        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
         total = surrogate.loss + baseline_loss - c.entropy_cost * entropy
         metrics = {
             "losses/policy": surrogate.loss.item(),
@@ -176,6 +221,7 @@ class PPOAgent(contract.Agent):
             "policy/clip_fraction": surrogate.clip_fraction.item(),
             "policy/approx_kl": surrogate.approx_kl.item(),
             "V/value function": values[:-1].mean().item(),
+            **policy_metrics,
         }
         return LossOutput(total, metrics)
 
@@ -186,9 +232,30 @@ class PPOAgent(contract.Agent):
 
     def update(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, step: contract.UpdateStep
                ) -> contract.UpdateOutput:
-        """One learner update: `train_rollout`'s epochs of minibatches (PPO has no replay priorities)."""
-        return contract.UpdateOutput(self.train_rollout(batch, optimizer, step.grad_clip_norm, step.train_steps,
-                                                        step.shard))
+        """One learner update: `train_rollout`'s epochs of minibatches (PPO has no replay priorities). With
+        --normalize_rewards the rollout's rewards are scaled first (every env's, before a rank takes its share);
+        with --normalize_observations its observations join the statistics after the last minibatch, so every
+        minibatch saw the normalisation the rollout was acted with (HTS: the ratios start at exactly 1) and the
+        next rollout acts with the new statistics."""
+        batch = with_scaled_rewards(self.reward_scaler, batch)
+        if self.config.anneal_learning_rate:
+            self.anneal_learning_rate(optimizer, step.train_steps)
+        values = self.train_rollout(batch, optimizer, step.grad_clip_norm, step.train_steps, step.shard)
+        if self.config.anneal_learning_rate:
+            values["learning_rate"] = optimizer.param_groups[0]["lr"]
+        update_observation_statistics(self.network.normalizer, batch.unrolls)
+        return contract.UpdateOutput(values)
+
+    def anneal_learning_rate(self, optimizer: torch.optim.Optimizer, update: int) -> None:
+        """CleanRL's anneal_lr: update k of N trains at lr x (1 - k / N), N = --total_environment_frames / (env
+        frames per rollout: every env's --sync_every steps x action repeat), never below 0. Each group's rate is
+        scaled from its first one (kept as `initial_lr`, which the optimizer's checkpoint holds)."""
+        c = self.config
+        updates = c.total_environment_frames / (c.num_envs * c.unroll_length * self.spec.action_repeat)
+        fraction = max(1.0 - update / updates, 0.0)
+        for group in optimizer.param_groups:
+            group.setdefault("initial_lr", group["lr"])
+            group["lr"] = group["initial_lr"] * fraction
 
     def train_rollout(self, batch: TrainingBatch, optimizer: torch.optim.Optimizer, grad_clip_norm: float,
                       update: int, shard: contract.GradientShard | None = None) -> dict[str, float]:

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import dataclasses
 
-from seed.agents.options import ActorCriticOptions, NetworkOptions
+from seed.agents.options import ActorCriticOptions, BoxPolicyOptions, InputStatisticsOptions, NetworkOptions
 from seed.config import option
 from seed.contracts.agent import AgentConfig
 
 
 @dataclasses.dataclass
-class PPOConfig(AgentConfig, NetworkOptions, ActorCriticOptions):
+class PPOConfig(AgentConfig, NetworkOptions, ActorCriticOptions, InputStatisticsOptions, BoxPolicyOptions):
     ppo_clip: float = option(0.2, "PPO: epsilon of the clipped surrogate, ratio clipped to [1 - eps, 1 + eps].")
     ppo_epochs: int = option(2, "PPO: passes over each rollout per learner update.")
     ppo_minibatches: int = option(8, "PPO: minibatches per pass; each holds all steps of about B / this many envs.")
+    anneal_learning_rate: bool = option(False, "PPO: decay the learning rate linearly from --learning_rate to 0 over "
+                                               "--total_environment_frames (CleanRL's anneal_lr).")
