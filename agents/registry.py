@@ -33,6 +33,7 @@ AGENTS: dict[str, Registration] = {
     "r2d2": Registration("seed.agents.r2d2.agent:R2D2Agent", "seed.agents.r2d2.config:R2D2Config"),
     "ppo": Registration("seed.agents.ppo.agent:PPOAgent", "seed.agents.ppo.config:PPOConfig"),
     "muzero": Registration("seed.agents.muzero.agent:MuZeroAgent", "seed.agents.muzero.config:MuZeroConfig"),
+    "sac": Registration("seed.agents.sac.agent:SACAgent", "seed.agents.sac.config:SACConfig"),
 }
 
 _plugins_loaded = False

@@ -142,7 +142,7 @@ class LearnerConfig(EnvOptions, TransportOptions):
     fields plus the chosen agent's own (agents/<name>/config.py)."""
 
     agent_class: ClassVar[Any] = None  # the agent of a class made by learner_config_class; None here
-    agent: str = _field("vtrace", "The agent (agents/registry.py): vtrace, r2d2, ppo or muzero; its own flags are "
+    agent: str = _field("vtrace", "The agent (agents/registry.py): vtrace, r2d2, ppo, muzero or sac; its own flags are "
                                   "listed under its name in --helpfull.")
     logdir: str = _field("", "Where metrics, TensorBoard events and checkpoints go; default logs/<agent>-<env>.")
     server_address: str = _field("unix:{logdir}/learner.sock,127.0.0.1:8686",

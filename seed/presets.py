@@ -176,6 +176,21 @@ PRESETS: dict[str, dict[str, Any]] = {
         batch_size=8, replay_ratio=4.0, reanalyse_ratio=0.0, replay_capacity=2_000, replay_min_size=100,
         discounting=0.99, total_environment_frames=100_000, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
+    # SAC on HalfCheetah-v5 for a 2-core CPU machine: CleanRL's sac_continuous_action (the agent's defaults: MLPs of
+    # 2 x 256, batch 256, gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy every 2 updates, learning starts
+    # at 5K transitions, a 1M replay) with one update of 256 transitions per agent step (replay ratio 256 with
+    # sequences of one transition); 1 actor x 4 envs, of which 1 evaluates (the policy's mode); 1M agent steps.
+    "halfcheetah_sac": dict(
+        agent="sac", env="gym:HalfCheetah-v5", num_actors=1, envs_per_actor=4, num_eval_envs=1,
+        total_environment_frames=1e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
+    ),
+    # SAC on HalfCheetah-v5 for one GPU + 16 cores: halfcheetah_sac's CleanRL settings with training and inference on
+    # the GPU and 8 actors x 2 envs (2 evaluate); still one update of 256 transitions per agent step.
+    "halfcheetah_sac_gpu": dict(
+        agent="sac", env="gym:HalfCheetah-v5", num_actors=8, envs_per_actor=2, num_eval_envs=2,
+        inference_device="cuda:0", training_device="cuda:0", total_environment_frames=1e6, log_interval_s=10.0,
+        checkpoint_interval_s=300.0,
+    ),
 }
 
 PRESET_SOURCES: dict[str, str] = {
@@ -215,6 +230,11 @@ PRESET_SOURCES: dict[str, str] = {
                    "measured.",
     "minatar_muzero": "the MuZero agent's minatar defaults (its gym settings on a 10 x 10 ResNet model) sized from "
                       "one update's CPU time to run 100K agent steps in under an hour on 2 cores; not yet measured.",
+    "halfcheetah_sac": "CleanRL's sac_continuous_action defaults (cleanrl/sac_continuous_action.py: batch 256, "
+                       "gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy frequency 2, learning starts 5e3, "
+                       "buffer 1e6, log-std in [-5, 2]) with its one update per agent step; the env and actor "
+                       "counts chosen here for 2 CPU cores.",
+    "halfcheetah_sac_gpu": "halfcheetah_sac's CleanRL settings on one GPU; not yet measured on a GPU here.",
     "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
                     "deterministic.",
 }

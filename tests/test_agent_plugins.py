@@ -73,6 +73,7 @@ OWN_FIELDS = {
     "ppo": {"ppo_clip", "ppo_epochs", "ppo_minibatches"},
     "r2d2": {"n_steps", "value_rescaling_epsilon", "epsilon_base", "eval_epsilon", "burn_in", "replay_capacity"},
     "muzero": {"num_simulations", "dirichlet_alpha", "reanalyse_ratio", "search", "burn_in", "replay_capacity"},
+    "sac": {"sac_tau", "sac_policy_learning_rate", "sac_policy_frequency", "burn_in", "replay_capacity"},
 }
 
 
@@ -110,7 +111,7 @@ def test_helpfull_groups_the_flags_by_agent():
     assert "--num_simulations" in muzero and "--ppo_clip" not in muzero
 
 
-AGENT_NAMES = ("vtrace", "r2d2", "ppo", "muzero")
+AGENT_NAMES = ("vtrace", "r2d2", "ppo", "muzero", "sac")
 
 
 def _framework_sources():

@@ -178,8 +178,11 @@ def test_bench_and_report_run_outside_the_repository(installed):
 
 
 # Flags beyond `--agent` that make an agent's first training step come within seconds on CartPole (the others
-# need none): R2D2 starts training after 32 sequences in replay instead of its CartPole default of 100.
-AGENT_FLAGS = {"r2d2": ["--replay_min_size=32"]}
+# need none): R2D2 starts training after 32 sequences in replay instead of its CartPole default of 100; SAC (Box
+# actions only, so on Pendulum-v1) after 64 transitions instead of CleanRL's 5,000, in batches of 32.
+AGENT_FLAGS = {"r2d2": ["--replay_min_size=32"], "sac": ["--replay_min_size=64", "--batch_size=32",
+                                                         "--replay_ratio=32"]}
+AGENT_ENVS = {"sac": "gym:Pendulum-v1"}  # the others train on gym:CartPole-v1
 
 
 @pytest.mark.parametrize("agent", agent_names())
@@ -190,7 +193,7 @@ def test_every_agent_trains_from_a_plain_install(installed, tmp_path, agent):
     bin_dir, site, work, env = installed
     logdir = tmp_path / "run"
     address = f"unix:{logdir}/learner.sock"
-    common = ["--env=gym:CartPole-v1", f"--server_address={address}"]
+    common = [f"--env={AGENT_ENVS.get(agent, 'gym:CartPole-v1')}", f"--server_address={address}"]
     started = []
     try:
         for name, command in (
