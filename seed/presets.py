@@ -14,6 +14,21 @@ from __future__ import annotations
 
 from typing import Any
 
+# PPO on the MuJoCo tasks for a 2-core CPU machine: CleanRL's ppo_continuous_action hyperparameters (2048 agent steps
+# per rollout, 10 epochs x 32 minibatches of 64 steps, lr 3e-4 annealed to 0, Adam eps 1e-5, gamma 0.99, GAE lambda
+# 0.95, clip 0.2, no entropy bonus, value loss weight 0.5, gradient norm 0.5, observations and rewards normalised
+# and clipped at 10, separate 2 x 64 tanh MLPs) on the synchronous (HTS) PPO, with these changes: CleanRL's one env
+# x 2048 steps is 2 actors x 32 envs x 32 steps (each minibatch is 2 whole env columns of 32 steps: 64 steps as
+# CleanRL's, from 2 envs instead of shuffled); the Gaussian is tanh-squashed into the bounds (CleanRL's is clipped
+# by the env); the value loss is not clipped; no evaluation envs (CleanRL reports training episodes); 1M agent steps.
+_MUJOCO_PPO: dict[str, Any] = dict(
+    agent="ppo", num_actors=2, envs_per_actor=32, num_eval_envs=0, sync="hts", sync_every=32, ppo_epochs=10,
+    ppo_minibatches=32, ppo_clip=0.2, learning_rate=3e-4, anneal_learning_rate=True, adam_epsilon=1e-5,
+    discounting=0.99, lambda_=0.95, entropy_cost=0.0, baseline_cost=0.5, grad_clip_norm=0.5,
+    normalize_observations=True, normalize_rewards=True, mlp_sizes="64,64", use_lstm=False,
+    total_environment_frames=1e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
+)
+
 PRESETS: dict[str, dict[str, Any]] = {
     # V-trace on Pong for a 2-core CPU machine: the 2013 DQN network without LSTM (a third of the Nature
     # network's compute, which a 2-core learner cannot keep up with), Pong's 6-action minimal set, batches of
@@ -191,6 +206,15 @@ PRESETS: dict[str, dict[str, Any]] = {
         inference_device="cuda:0", training_device="cuda:0", total_environment_frames=1e6, log_interval_s=10.0,
         checkpoint_interval_s=300.0,
     ),
+    "hopper_ppo": dict(_MUJOCO_PPO, env="gym:Hopper-v5"),
+    "halfcheetah_ppo": dict(_MUJOCO_PPO, env="gym:HalfCheetah-v5"),
+    "walker2d_ppo": dict(_MUJOCO_PPO, env="gym:Walker2d-v5"),
+    # PPO on HalfCheetah-v5 for one GPU + 16 cores: the 2-core settings with inference and training on the GPU and
+    # 8 actors x 16 envs x 16 steps (still 2048 steps per rollout; each minibatch 4 env columns of 16 steps).
+    "halfcheetah_ppo_gpu": dict(
+        _MUJOCO_PPO, env="gym:HalfCheetah-v5", num_actors=8, envs_per_actor=16, sync_every=16,
+        inference_device="cuda:0", training_device="cuda:0", log_interval_s=10.0,
+    ),
 }
 
 PRESET_SOURCES: dict[str, str] = {
@@ -235,6 +259,14 @@ PRESET_SOURCES: dict[str, str] = {
                        "buffer 1e6, log-std in [-5, 2]) with its one update per agent step; the env and actor "
                        "counts chosen here for 2 CPU cores.",
     "halfcheetah_sac_gpu": "halfcheetah_sac's CleanRL settings on one GPU; not yet measured on a GPU here.",
+    "hopper_ppo": "CleanRL's ppo_continuous_action (cleanrl/ppo_continuous_action.py: 2048 steps per rollout, 10 "
+                  "epochs x 32 minibatches, lr 3e-4 annealed, gamma 0.99, lambda 0.95, clip 0.2, ent 0, vf 0.5, "
+                  "max grad norm 0.5, obs and reward normalisation) on the synchronous PPO: 2 x 32 envs x 32 steps, "
+                  "minibatches of 2 env columns, tanh-squashed actions, no value clipping (see _MUJOCO_PPO).",
+    "halfcheetah_ppo": "as hopper_ppo (CleanRL's ppo_continuous_action on our synchronous PPO).",
+    "walker2d_ppo": "as hopper_ppo (CleanRL's ppo_continuous_action on our synchronous PPO).",
+    "halfcheetah_ppo_gpu": "halfcheetah_ppo's CleanRL settings with 8 x 16 envs x 16 steps on one GPU; not yet "
+                           "measured on a GPU here.",
     "cartpole_ppo": "the PPO agent's gym defaults (rl-baselines3-zoo's CartPole PPO; tests/test_learning.py), "
                     "deterministic.",
 }

@@ -228,3 +228,19 @@ def test_ppo_and_vtrace_take_both_action_spaces(agent):
 
     for spec in (make_spec("gym:Pendulum-v1"), make_spec("gym:CartPole-v1"), BOX):
         check_action_space(registry.agent_class(agent), spec, agent)
+
+
+@pytest.mark.parametrize("name, env", [("hopper_ppo", "gym:Hopper-v5"), ("halfcheetah_ppo", "gym:HalfCheetah-v5"),
+                                       ("walker2d_ppo", "gym:Walker2d-v5"),
+                                       ("halfcheetah_ppo_gpu", "gym:HalfCheetah-v5")])
+def test_mujoco_ppo_presets_have_cleanrl_s_hyperparameters(tmp_path, name, env):
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": name})
+    assert (config.agent, config.env, config.sync) == ("ppo", env, "hts")
+    # 2048 agent steps per rollout in 32 minibatches of 64 steps, 10 epochs, as CleanRL's one env x 2048 steps.
+    assert config.batch_size * config.unroll_length == 2048 and config.batch_size == config.num_envs
+    assert config.batch_size * config.unroll_length // config.ppo_minibatches == 64 and config.ppo_epochs == 10
+    assert (config.learning_rate, config.anneal_learning_rate, config.adam_epsilon) == (3e-4, True, 1e-5)
+    assert (config.discounting, config.lambda_, config.ppo_clip, config.entropy_cost) == (0.99, 0.95, 0.2, 0.0)
+    assert (config.baseline_cost, config.grad_clip_norm, config.mlp_sizes) == (0.5, 0.5, "64,64")
+    assert config.normalize_observations and config.normalize_rewards and not config.use_lstm
+    assert config.total_environment_frames == 1e6
