@@ -33,9 +33,8 @@ from seed.envs.base import EnvSpec
 # sequences sampled per sequence inserted is CleanRL's one update of 256 per env step.
 CLEANRL_DEFAULTS = dict(
     batch_size=256, unroll_length=1, burn_in=0, discounting=0.99, learning_rate=1e-3, adam_epsilon=1e-8,
-    replay_capacity=1_000_000, replay_min_size=5000, replay_ratio=256.0, priority_exponent=0.0,
-    importance_sampling_exponent=0.0, grad_clip_norm=0.0,
-)
+    replay_capacity=1_000_000, replay_min_size=5000, replay_ratio=256.0, priority_exponent=0.0, grad_clip_norm=0.0,
+)  # priority exponent 0: uniform sampling (importance weights all 1); --priority_exponent > 0 samples by TD error
 
 
 def hidden_sizes(config: Any) -> tuple[int, ...]:
