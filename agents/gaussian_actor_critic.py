@@ -120,14 +120,15 @@ def box_act(network: GaussianActorCritic, batch: InferenceBatch, state: State, c
                      state=new_state)
 
 
-def box_log_probs(network: GaussianActorCritic, mean: torch.Tensor, unrolls: Unroll
+def box_log_probs(network: GaussianActorCritic, mean: torch.Tensor, unrolls: Unroll, entropy_grad: bool = True
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
     """(log pi(a_t | x_t) [T, B] with gradients, log mu(a_t | x_t) [T, B] as stored, an entropy estimate (scalar,
-    with gradients), metrics) for the actions of `unrolls` ([T + 1, B, D]; the last step only bootstraps) given
-    the trained network's Gaussian means [T, B, D]."""
+    with gradients unless `entropy_grad` is False: no entropy bonus, so only logged), metrics) for the actions of
+    `unrolls` ([T + 1, B, D]; the last step only bootstraps) given the trained network's Gaussian means [T, B, D]."""
     dist = network.distribution(mean)
     log_probs = dist.log_prob(unrolls.action[:-1])
-    entropy = dist.entropy_estimate().mean()
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = dist.entropy_estimate().mean()
     metrics = {"policy/std": dist.std.mean().item(),
                "policy/max_action_abs(before_tanh)": mean.detach().abs().max().item()}
     return log_probs, unrolls.steps[ACTION_LOG_PROB][:-1], entropy, metrics

@@ -200,8 +200,8 @@ class PPOAgent(contract.Agent):
         logits, values = self._run(unrolls)
         policy_metrics = {}
         if self.spec.continuous:
-            action_log_probs, behaviour_log_probs, entropy, policy_metrics = box_log_probs(self.network, logits[:-1],
-                                                                                          unrolls)
+            action_log_probs, behaviour_log_probs, entropy, policy_metrics = box_log_probs(
+                self.network, logits[:-1], unrolls, entropy_grad=c.entropy_cost != 0)
         else:
             actions = unrolls.action[:-1].unsqueeze(-1)
             log_probs = F.log_softmax(logits[:-1], -1)

@@ -218,7 +218,7 @@ class VTraceAgent(contract.Agent):
         policy_metrics = {}
         if self.spec.continuous:
             target_action_log_probs, behaviour_action_log_probs, entropy, policy_metrics = box_log_probs(
-                self.network, logits[:-1], unrolls)
+                self.network, logits[:-1], unrolls, entropy_grad=c.entropy_cost != 0)
         else:
             target_log_probs = F.log_softmax(logits[:-1], -1)
             behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1)
