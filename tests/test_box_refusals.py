@@ -124,13 +124,15 @@ BAD_STEPS = {
 
 @pytest.mark.parametrize("case", sorted(BAD_STEPS))
 def test_a_bad_grpc_step_ends_that_actor_s_stream_only(run, case):
-    """INVALID_ARGUMENT naming the field, value and expectation; the same index then serves a good step with
-    float32 [K, 1] actions in Pendulum's bounds."""
+    """INVALID_ARGUMENT naming the field, value and expectation, from the serving process before the slab (inference,
+    which checks the rows again for shm actors, never sees it); the same index then serves a good step with float32
+    [K, 1] actions in Pendulum's bounds."""
     observation, reward, expected = BAD_STEPS[case]
-    address = run[2]
+    processes, learner, address, _, _ = run
     replies, error = _stream(address, [seed_pb2.ActorMessage(handshake=_handshake(1)), _step(observation, reward)])
     assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT, (replies, error)
     assert error.details() == f"actor 1: {expected}"
+    assert "invalid request" not in processes.output(learner)  # inference's REPLY_INVALID (the shm test's, later)
     _unaffected(run)
     replies, error = _stream(address, [seed_pb2.ActorMessage(handshake=_handshake(1, run_id=8)),
                                        _step(_observation())])
