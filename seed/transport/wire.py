@@ -75,14 +75,15 @@ def check_step_values(reward: np.ndarray, done: np.ndarray, truncated: np.ndarra
 def invalid_observations(observation: np.ndarray, k: int) -> np.ndarray:
     """bool [n]: which of n requests' observations (float rows [n * k, ...]; other dtypes are never invalid) hold
     a NaN or an inf; the vectorised form of `check_observation_values`."""
-    if observation.dtype.kind != "f":
+    finite = np.isfinite(observation) if observation.dtype.kind == "f" else None
+    if finite is None or finite.all():
         return np.zeros(len(observation) // k, bool)
-    return ~np.isfinite(observation.reshape(len(observation) // k, -1)).all(axis=1)
+    return ~finite.reshape(len(observation) // k, -1).all(axis=1)
 
 
 def check_observation_values(observation: np.ndarray, field: str = "step.observation") -> None:
     """Raises WireError naming the first NaN or inf of float observations [K, *shape] (env row, flat index)."""
-    if observation.dtype.kind != "f":
+    if observation.dtype.kind != "f" or np.isfinite(observation).all():
         return
     flat = observation.reshape(len(observation), -1)
     bad = np.argwhere(~np.isfinite(flat))
@@ -104,7 +105,7 @@ def decode_actions(tensor: seed_pb2.Tensor, spec: EnvSpec, num_envs: int, field:
 def check_actions(actions: np.ndarray, spec: EnvSpec, field: str = "actions.action") -> None:
     """Raises WireError unless a Box's actions [K, D] are all finite (out of bounds is allowed: the env clips);
     names the first NaN or inf by env and dimension. Discrete actions need no value check here (the env's own)."""
-    if not spec.continuous:
+    if not spec.continuous or np.isfinite(actions).all():
         return
     bad = np.argwhere(~np.isfinite(actions))
     if len(bad):
