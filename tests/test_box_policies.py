@@ -244,3 +244,21 @@ def test_mujoco_ppo_presets_have_cleanrl_s_hyperparameters(tmp_path, name, env):
     assert (config.baseline_cost, config.grad_clip_norm, config.mlp_sizes) == (0.5, 0.5, "64,64")
     assert config.normalize_observations and config.normalize_rewards and not config.use_lstm
     assert config.total_environment_frames == 1e6
+
+
+def test_published_parameters_carry_the_observation_statistics_to_inference(tmp_path):
+    """The learner publishes the trained network's state dict; inference's copy then normalises the same way
+    (the statistics are buffers, so no separate channel carries them)."""
+    from seed.inference.parameter_publisher import ParameterPublisher
+
+    config = _config(tmp_path, "ppo", normalize_observations=True)
+    trained, inference = PPOAgent(BOX, config), PPOAgent(BOX, config)
+    trained.network.normalizer.update(torch.randn(100, 4) * 3 + 5)
+    publisher = ParameterPublisher(inference.network, torch.device("cpu"))
+    publisher.publish(trained.network.state_dict(), version=1)
+    assert publisher.refresh()
+    x = torch.randn(1, 2, 4) * 3 + 5
+    done = torch.zeros(1, 2, dtype=torch.bool)
+    acted = inference.network(x, None, None, done, {})[0]
+    torch.testing.assert_close(acted, trained.network(x, None, None, done, {})[0])
+    assert int(inference.network.normalizer.moments.count) == 100
