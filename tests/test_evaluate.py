@@ -98,7 +98,8 @@ def test_seed_eval_report_and_video(untrained, untrained_eval):
     assert "return mean" in done.stdout
     assert report["checkpoint"] == os.path.abspath(checkpoint.checkpoint_path(untrained[0]))
     assert report["counters"] == {"env_frames": 12_345, "train_steps": 67, "episodes": 8}
-    assert (report["agent"], report["env"], report["policy"]) == ("vtrace", ENV, "sampled from the policy")
+    assert (report["agent"], report["env"], report["policy"]) == (
+        "vtrace", ENV, "sampled from the policy; Box actions: the mode (the squashed Gaussian mean)")
     assert report["seed"] == saved["seed"] + EVAL_SEED_OFFSET
     assert report["episodes"] == 7 and report["num_envs"] == 3
     returns = report["returns"]
@@ -130,7 +131,7 @@ def test_a_balancing_policy_scores_higher(untrained_eval, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     with open(out) as f:
         report = json.load(f)
-    assert report["policy"] == "greedy (argmax)" and report["seed"] == 123
+    assert report["policy"].startswith("greedy (argmax);") and report["seed"] == 123
     assert report["return_min"] >= 400
     assert report["return_mean"] > untrained_eval[1]["return_max"]
 
