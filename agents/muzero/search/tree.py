@@ -259,7 +259,8 @@ def new_tree(num_trees: int, num_nodes: int, num_actions: int, embedding: Any, d
     # fills, not `x[i] = number` (a copy from a CPU scalar tensor, which a CUDA-graph capture refuses)
     node[-1, DISCOUNT:DISCOUNT + 1].fill_(1.0)  # the scratch row passes values through
     node_index = torch.zeros(rows, 3, dtype=torch.int64, device=device)
-    node_index[-1, PARENT_ROW:PARENT_ROW + 1].fill_(rows - 1)  # padding writes its edge statistics into the scratch row's own edges
+    # padding writes its edge statistics into the scratch row's own edges
+    node_index[-1, PARENT_ROW:PARENT_ROW + 1].fill_(rows - 1)
     edge = torch.zeros(rows, EDGE_CHANNELS, num_actions, dtype=dtype, device=device)
     edge[:, Q].fill_(-torch.inf)
     child_row = torch.arange(rows, device=device).unsqueeze(1).expand(rows, num_actions).contiguous()
