@@ -38,8 +38,22 @@ def exact_float32():
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 
-def test_graphed_inference_matches_eager_actions_and_state():
+def _random_inference_batch(spec, config, rng, first: bool):
+    """The envs of a random set of actors, in actor order, with random frames, actions and rewards; every env
+    starts an episode on the `first` batch, 20% of them later."""
     from seed.contracts import InferenceBatch
+
+    actors = rng.choice(config.num_actors, size=rng.integers(1, config.num_actors + 1), replace=False)
+    env_ids = (actors[:, None] * config.envs_per_actor + np.arange(config.envs_per_actor)).reshape(-1)
+    b = len(env_ids)
+    return InferenceBatch(
+        observation=torch.from_numpy(rng.integers(0, 256, (b, *spec.observation_shape), dtype=np.uint8)),
+        env_ids=torch.from_numpy(env_ids), prev_action=torch.from_numpy(rng.integers(0, spec.num_actions, b)),
+        reward=torch.from_numpy(rng.normal(size=b).astype(np.float32)),
+        done=torch.from_numpy(np.ones(b, bool) if first else rng.random(b) < 0.2))
+
+
+def test_graphed_inference_matches_eager_actions_and_state():
     from seed.inference.forward_pass import EagerPolicy, GraphedPolicy
     from seed.inference.state_table import StateTable
 
@@ -52,14 +66,7 @@ def test_graphed_inference_matches_eager_actions_and_state():
     graphed = GraphedPolicy(agent, network, tables[1], device, config.envs_per_actor)
     rng = np.random.default_rng(0)
     for step in range(12):
-        actors = rng.choice(config.num_actors, size=rng.integers(1, config.num_actors + 1), replace=False)
-        env_ids = (actors[:, None] * config.envs_per_actor + np.arange(config.envs_per_actor)).reshape(-1)
-        b = len(env_ids)
-        inputs = InferenceBatch(
-            observation=torch.from_numpy(rng.integers(0, 256, (b, *spec.observation_shape), dtype=np.uint8)),
-            env_ids=torch.from_numpy(env_ids), prev_action=torch.from_numpy(rng.integers(0, spec.num_actions, b)),
-            reward=torch.from_numpy(rng.normal(size=b).astype(np.float32)),
-            done=torch.from_numpy(rng.random(b) < 0.2 if step else np.ones(b, bool)))
+        inputs = _random_inference_batch(spec, config, rng, first=step == 0)
         a_eager, out_eager, _ = eager(inputs)
         a_graph, out_graph, _ = graphed(inputs)
         torch.testing.assert_close(out_graph["q_values"], out_eager["q_values"], rtol=1e-5, atol=1e-5)
@@ -206,7 +213,6 @@ def test_graphed_muzero_search_matches_eager(algorithm):
 def test_graphed_policy_captures_muzero_act():
     """The framework's CUDA-graph inference (GraphedPolicy) captures MuZero's `act` whole, search included: the
     same actions and search policies as eager inference, on several padded batch sizes."""
-    from seed.contracts import InferenceBatch
     from seed.inference.forward_pass import EagerPolicy, GraphedPolicy
     from seed.inference.state_table import StateTable
 
@@ -218,17 +224,10 @@ def test_graphed_policy_captures_muzero_act():
     graphed = GraphedPolicy(agent, agent.network, tables[1], device, config.envs_per_actor)
     rng = np.random.default_rng(0)
     for step in range(6):
-        actors = rng.choice(config.num_actors, size=rng.integers(1, config.num_actors + 1), replace=False)
-        env_ids = (actors[:, None] * config.envs_per_actor + np.arange(config.envs_per_actor)).reshape(-1)
-        b = len(env_ids)
-        inputs = InferenceBatch(
-            observation=torch.from_numpy(rng.integers(0, 256, (b, *spec.observation_shape), dtype=np.uint8)),
-            env_ids=torch.from_numpy(env_ids), prev_action=torch.from_numpy(rng.integers(0, spec.num_actions, b)),
-            reward=torch.from_numpy(rng.normal(size=b).astype(np.float32)),
-            done=torch.from_numpy(rng.random(b) < 0.2 if step else np.ones(b, bool)))
+        inputs = _random_inference_batch(spec, config, rng, first=step == 0)
         a_eager, out_eager, _ = eager(inputs)
         a_graph, out_graph, _ = graphed(inputs)
-        evaluating = torch.from_numpy(env_ids >= config.num_envs - config.num_eval_envs)  # env 0 explores
+        evaluating = inputs.env_ids >= config.num_envs - config.num_eval_envs  # env 0 explores
         assert torch.equal(a_graph[evaluating], a_eager[evaluating]), f"step {step}"
         torch.testing.assert_close(out_graph["search_policy"][evaluating], out_eager["search_policy"][evaluating],
                                    rtol=1e-5, atol=1e-5)

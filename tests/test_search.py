@@ -286,6 +286,16 @@ def test_runs_on_the_cpu(algorithm):
     assert out.visit_counts.sum().item() == 6 * 30
 
 
+def _numpy_loop_search(algorithm: str):
+    """run() -> one search of 9 trees with invalid root actions and root noise, by the loop of numpy / torch calls
+    (backend "numpy"), the same each call."""
+    root = roots(9, 7, seed=12)
+    invalid = random_invalid(9, 7, seed=3)
+    config = SearchConfig(num_simulations=40, algorithm=algorithm, dirichlet_fraction=0.25, backend="numpy")
+    return lambda: search(root, hashed_model(7), config, temperature=0.0, invalid_actions=invalid,
+                          generator=torch.Generator().manual_seed(5))
+
+
 @pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
 def test_the_tensor_code_path_gives_the_numpy_trees(monkeypatch, algorithm):
     """On the CPU the simulation loop runs on numpy views of the tree; every other device runs the same functions
@@ -293,14 +303,7 @@ def test_the_tensor_code_path_gives_the_numpy_trees(monkeypatch, algorithm):
     same trees, so a GPU-only mistake in it shows here without a GPU."""
     import seed.agents.muzero.search as search_package
 
-    root = roots(9, 7, seed=12)
-    invalid = random_invalid(9, 7, seed=3)
-    config = SearchConfig(num_simulations=40, algorithm=algorithm, dirichlet_fraction=0.25, backend="numpy")
-
-    def run():
-        return search(root, hashed_model(7), config, temperature=0.0, invalid_actions=invalid,
-                      generator=torch.Generator().manual_seed(5))
-
+    run = _numpy_loop_search(algorithm)
     numpy_out = run()
     monkeypatch.setattr(search_package, "NUMPY_ON_CPU", False)
     tensor_out = run()
@@ -324,14 +327,7 @@ def test_the_fixed_depth_loop_of_a_cuda_graph_gives_the_same_trees(monkeypatch, 
             super().__init__(device)
             self.mode, self.exact = "none", False
 
-    root = roots(9, 7, seed=12)
-    invalid = random_invalid(9, 7, seed=3)
-    config = SearchConfig(num_simulations=40, algorithm=algorithm, dirichlet_fraction=0.25, backend="numpy")
-
-    def run():
-        return search(root, hashed_model(7), config, temperature=0.0, invalid_actions=invalid,
-                      generator=torch.Generator().manual_seed(5))
-
+    run = _numpy_loop_search(algorithm)
     exact = run()
     monkeypatch.setattr(search_package, "NUMPY_ON_CPU", False)
     monkeypatch.setattr(search_package, "DepthBound", FixedDepth)
