@@ -30,6 +30,9 @@ class GymEnv:
                 # rgb_array draws off-screen; with no display SDL's probe of a real video driver only prints
                 # "error: XDG_RUNTIME_DIR is invalid or not set" (a driver the user chose is kept, errors and all).
                 os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
+                # MuJoCo's renderer defaults to GLFW, which needs a display ("an OpenGL platform library has not
+                # been loaded"); headless, it draws through EGL (read when the env's renderer starts).
+                os.environ.setdefault("MUJOCO_GL", "egl")
         self._env = gymnasium.make(env_id, render_mode="rgb_array" if render_rgb else None)
         if not isinstance(self._env.observation_space, gymnasium.spaces.Box):
             raise ValueError(f"--env=gym:{env_id}: observation space is {self._env.observation_space}, expected Box")

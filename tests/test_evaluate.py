@@ -282,3 +282,51 @@ def test_football_smm_painting():
     assert (image[5, 7] == SMM_COLOURS[2]).all()
     with pytest.raises(ValueError, match="expected"):
         smm_to_rgb(np.zeros((3, 4, 5)))
+
+
+def write_box_checkpoint(logdir: str, observation_shift: float) -> None:
+    """An untrained PPO agent on Hopper-v5 with observation normalisation, its statistics set to mean
+    `observation_shift` and variance 1 (as if it had seen that many steps), and a policy head that depends on
+    the observation, saved as the learner saves it."""
+    config = resolve_config({"agent": "ppo", "env": "gym:Hopper-v5", "logdir": logdir, "seed": 3,
+                             "use_lstm": False, "normalize_observations": True, "mlp_sizes": "64,64"})
+    spec = make_spec(config.env, config.env_options())
+    torch.manual_seed(0)
+    agent = agent_class(config.agent)(spec, config)
+    torch.nn.init.orthogonal_(agent.network.mean.weight, 1.0)
+    moments = agent.network.normalizer.moments
+    with torch.no_grad():
+        moments.mean.fill_(observation_shift)
+        moments.var.fill_(1.0)
+        moments.count.fill_(1000)
+    optimizer = torch.optim.Adam(agent.network.parameters())
+    checkpoint.save(logdir, {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                             "counters": {"env_frames": 1_000, "train_steps": 1, "episodes": 2},
+                             "config": vars(config)})
+
+
+def test_a_continuous_checkpoint_plays_its_mean_action_with_its_statistics_and_writes_mujoco_video(tmp_path):
+    """seed-eval on a Box checkpoint (PPO, Hopper-v5): it plays the squashed Gaussian's mean through the saved
+    observation statistics (two checkpoints that differ only there play different episodes from the same seed)
+    and records env 0's episode from MuJoCo's off-screen renderer with no display and MUJOCO_GL unset."""
+    pytest.importorskip("mujoco", reason="the mujoco extra (pip install -e '.[mujoco]') is not installed")
+    reports = []
+    for shift in (0.0, 3.0):
+        logdir = str(tmp_path / f"shift{shift:g}")
+        os.makedirs(logdir)
+        write_box_checkpoint(logdir, shift)
+        video = ["--video=" + os.path.join(logdir, "hopper.mp4")] if shift == 0.0 else []
+        done = seed_eval([f"--logdir={logdir}", "--episodes=1", "--num_envs=1", "--seed=5", *video], cwd=str(tmp_path),
+                         preamble="import os; [os.environ.pop(k, None) for k in ('MUJOCO_GL', 'DISPLAY')]")
+        assert done.returncode == 0, done.stderr[-3000:]
+        with open(os.path.join(logdir, "eval.json")) as f:
+            reports.append(json.load(f))
+    plain, shifted = reports
+    assert (plain["agent"], plain["env"]) == ("ppo", "gym:Hopper-v5")
+    assert "the mode" in plain["policy"]
+    assert np.isfinite(plain["returns"][0]) and plain["lengths"][0] >= 1
+    assert (plain["returns"], plain["lengths"]) != (shifted["returns"], shifted["lengths"])
+    assert plain["video"]["frames"] == plain["video"]["episode_length"] == plain["lengths"][0]
+    frames = mp4_frames(os.path.join(str(tmp_path / "shift0"), "hopper.mp4"))
+    assert len(frames) == plain["lengths"][0] and frames[0].shape == (480, 480, 3)
+    assert frames[0].std() > 1.0  # a drawn scene, not a blank buffer
