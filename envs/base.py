@@ -99,6 +99,19 @@ class EnvSpec:
         """numpy dtype of actions on the learner (act, the unrolls, replay): "int64" (Discrete) or "float32"."""
         return "float32" if self.continuous else "int64"
 
+    def random_actions(self, rng: np.random.Generator, count: int) -> np.ndarray:
+        """`count` uniform random actions in the wire dtype: indices int32 [count] in [0, num_actions), or
+        float32 [count, D] uniform in [low, high] (benchmarks' stand-in policy)."""
+        if self.continuous:
+            low, high = np.asarray(self.action_low, np.float32), np.asarray(self.action_high, np.float32)
+            return rng.uniform(low, high, (count, *self.action_shape)).astype(np.float32)
+        return rng.integers(0, self.num_actions, count).astype(np.int32)
+
+    def zero_actions(self, count: int) -> np.ndarray:
+        """`count` all-zero actions in the wire dtype, int32 [count] or float32 [count, D] (the env clips a zero
+        outside its bounds)."""
+        return np.zeros((count, *self.action_shape), self.action_dtype)
+
     def check_observation(self, observation: np.ndarray) -> None:
         if tuple(observation.shape) != self.observation_shape:
             raise ValueError(f"observation shape: got {tuple(observation.shape)}, expected {self.observation_shape}")

@@ -277,3 +277,60 @@ def test_env_only_baseline_steps_the_actors_envs_without_a_server(tmp_path):
     assert result["actor_waiting_fraction"] == 0.0  # nothing to wait for
     assert result["cpu_seconds"]["learner"] is None and result["cpu_seconds"]["actors"] > 0
     assert result["env_frames_per_sec_learner"] is None
+
+
+BOX_ENV = "gym:Pendulum-v1"  # one action in [-2, 2]
+
+
+def test_box_specs_give_random_actions_in_their_bounds_and_zero_actions_in_the_wire_dtype():
+    from seed.envs.base import EnvSpec
+
+    box = EnvSpec("fake:box", (3,), "float32", 0, action_shape=(2,), action_low=(-1.0, 0.0), action_high=(1.0, 4.0))
+    actions = box.random_actions(np.random.default_rng(0), 500)
+    assert actions.dtype == np.float32 and actions.shape == (500, 2)
+    assert (actions >= [-1.0, 0.0]).all() and (actions <= [1.0, 4.0]).all() and actions[:, 1].max() > 3.5
+    assert box.zero_actions(3).shape == (3, 2) and box.zero_actions(3).dtype == np.float32
+    discrete = EnvSpec("fake:d", (3,), "float32", 6)
+    indices = discrete.random_actions(np.random.default_rng(0), 500)
+    assert indices.dtype == np.int32 and set(indices.tolist()) == set(range(6))
+    assert discrete.zero_actions(3).tolist() == [0, 0, 0] and discrete.zero_actions(3).dtype == np.int32
+
+
+def test_env_speed_steps_a_box_env():
+    from seed.bench.env_speed import step_randomly
+    from seed.envs import make_batch
+
+    batch = make_batch(BOX_ENV, 2, 0)
+    steps = iter(range(50))
+    counts = step_randomly(batch, 0, lambda: next(steps, None) is not None)
+    batch.close()
+    assert counts["agent_steps"] == 100
+
+
+def test_transport_ceiling_and_actor_side_baseline_run_a_box_env(tmp_path):
+    """The ceiling answers a real actor on a Box env with float32 zero actions; the actor-side baseline acts and
+    trains V-trace's tanh-Gaussian policy on it."""
+    from seed.actor.loop import Actor
+    from seed.bench.transport_ceiling import serve
+    from seed.config import ActorConfig
+    from seed.envs import make_spec
+
+    address = f"unix:{tmp_path}/ceiling.sock"
+    server, service = serve([address], make_spec(BOX_ENV), envs_per_actor=2)
+    try:
+        stats = tmp_path / "actor.jsonl"
+        actor = Actor(ActorConfig(env=BOX_ENV, envs_per_actor=2, server_address=address, stats_file=str(stats),
+                                  stats_interval_s=0.2))
+        thread = threading.Thread(target=actor.run, daemon=True)
+        thread.start()
+        wait_for(lambda: len(measure.read_jsonl(str(stats))) >= 3, 30, "three stats rows")
+        actor.request_stop()
+        thread.join(timeout=10)
+        assert measure.read_jsonl(str(stats))[-1]["agent_steps"] > 0 and service.steps > 0
+    finally:
+        server.stop(grace=0)
+    setup, _ = configs.build_setup("fake_mlp", configs.DEFAULT_CONFIGS,
+                                   {"env": BOX_ENV, "num_actors": 1, "envs_per_actor": 4, "batch_size": 2})
+    result = measure.measure(jobs.actor_side_job(setup, str(tmp_path / "actor_side"), duration_s=4), duration_s=4,
+                             warmup_s=1, progress=False)
+    assert result["env_frames_per_sec"] > 0 and result["env_frames_per_sec_learner"] > 0

@@ -270,7 +270,7 @@ class ActorSideActor:
             self._refresh(get_parameters)
             env_ids = torch.arange(k)
             state = self.agent.initial_state(k)
-            prev_action = torch.zeros(k, dtype=torch.int64)
+            prev_action = torch.zeros((k, *self.spec.action_shape), dtype=getattr(torch, self.spec.batch_action_dtype))
             observation = self.envs.reset()
             # Every env starts an episode: done set, reward 0 (as the learner treats first contact).
             reward = np.zeros(k, np.float32)

@@ -47,13 +47,13 @@ def step_randomly(batch: EnvBatch, seed: int, keep_going: Callable[[], bool],
     (this process's CPU seconds) over the stepping, and the env's action_repeat.
     """
     rng = np.random.default_rng(seed)
-    k, num_actions = batch.num_envs, batch.spec.num_actions
+    k = batch.num_envs
     batch.reset()
     steps, episodes = 0, 0
     cpu0, start = time.process_time(), time.perf_counter()
     while keep_going():
         began = time.perf_counter()
-        result = batch.step(rng.integers(0, num_actions, k))
+        result = batch.step(batch.spec.random_actions(rng, k))
         steps += k
         episodes += len(result.finished)
         if stats is not None:

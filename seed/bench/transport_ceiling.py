@@ -20,7 +20,6 @@ from collections.abc import Iterator
 from concurrent import futures
 
 import grpc
-import numpy as np
 from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
@@ -43,7 +42,7 @@ class ZeroActionService(seed_pb2_grpc.LearnerServicer):
         self.envs_per_actor = envs_per_actor
         self.steps = 0  # step messages answered, over all streams (approximate: no lock on the hot path)
         self._reply = seed_pb2.LearnerMessage(
-            actions=seed_pb2.ActionBatch(action=wire.encode_tensor(np.zeros(envs_per_actor, np.int32))))
+            actions=seed_pb2.ActionBatch(action=wire.encode_tensor(spec.zero_actions(envs_per_actor))))
 
     def _check_handshake(self, handshake: seed_pb2.Handshake) -> str | None:
         if handshake.num_envs != self.envs_per_actor:
