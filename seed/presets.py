@@ -18,15 +18,16 @@ from typing import Any
 # per rollout, 10 epochs x 32 minibatches of 64 steps, lr 3e-4 annealed to 0, Adam eps 1e-5, gamma 0.99, GAE lambda
 # 0.95, clip 0.2, no entropy bonus, value loss weight 0.5, gradient norm 0.5, observations and rewards normalised
 # and clipped at 10, separate 2 x 64 tanh MLPs) on the synchronous (HTS) PPO, with these changes: CleanRL's one env
-# x 2048 steps is 2 actors x 32 envs x 32 steps (each minibatch is 2 whole env columns of 32 steps: 64 steps as
-# CleanRL's, from 2 envs instead of shuffled); the Gaussian is tanh-squashed into the bounds (CleanRL's is clipped
-# by the env); the value loss is not clipped; no evaluation envs (CleanRL reports training episodes); 1M agent steps.
+# x 2048 steps is 2 actors x 32 envs x 32 steps (each minibatch: 64 single steps shuffled over the rollout, as
+# CleanRL's, --ppo_shuffle_steps; minibatches of 2 whole env columns reached 1,391 on Hopper seed 1 at 1M steps);
+# the Gaussian is tanh-squashed into the bounds (CleanRL's is clipped by the env); the value loss is not clipped; no
+# evaluation envs (CleanRL reports training episodes); 1M agent steps.
 # One torch thread: the 320 minibatch steps of a rollout are tiny ops, which two OpenMP threads make 3x slower on
 # 2 cores (1.7 s per rollout against 4.9, this VM); hopper_ppo's rate went from 520 to 1,160 env frames/s.
 _MUJOCO_PPO: dict[str, Any] = dict(
     agent="ppo", num_actors=2, envs_per_actor=32, num_eval_envs=0, sync="hts", sync_every=32, ppo_epochs=10,
-    ppo_minibatches=32, ppo_clip=0.2, learning_rate=3e-4, anneal_learning_rate=True, adam_epsilon=1e-5,
-    discounting=0.99, lambda_=0.95, entropy_cost=0.0, baseline_cost=0.5, grad_clip_norm=0.5,
+    ppo_minibatches=32, ppo_shuffle_steps=True, ppo_clip=0.2, learning_rate=3e-4, anneal_learning_rate=True,
+    adam_epsilon=1e-5, discounting=0.99, lambda_=0.95, entropy_cost=0.0, baseline_cost=0.5, grad_clip_norm=0.5,
     normalize_observations=True, normalize_rewards=True, mlp_sizes="64,64", use_lstm=False, torch_threads=1,
     total_environment_frames=1e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
 )
@@ -264,7 +265,8 @@ PRESET_SOURCES: dict[str, str] = {
     "hopper_ppo": "CleanRL's ppo_continuous_action (cleanrl/ppo_continuous_action.py: 2048 steps per rollout, 10 "
                   "epochs x 32 minibatches, lr 3e-4 annealed, gamma 0.99, lambda 0.95, clip 0.2, ent 0, vf 0.5, "
                   "max grad norm 0.5, obs and reward normalisation) on the synchronous PPO: 2 x 32 envs x 32 steps, "
-                  "minibatches of 2 env columns, tanh-squashed actions, no value clipping (see _MUJOCO_PPO).",
+                  "minibatches of 64 steps shuffled over the rollout, tanh-squashed actions, no value clipping "
+                  "(see _MUJOCO_PPO).",
     "halfcheetah_ppo": "as hopper_ppo (CleanRL's ppo_continuous_action on our synchronous PPO).",
     "walker2d_ppo": "as hopper_ppo (CleanRL's ppo_continuous_action on our synchronous PPO).",
     "halfcheetah_ppo_gpu": "halfcheetah_ppo's CleanRL settings with 8 x 16 envs x 16 steps on one GPU; not yet "

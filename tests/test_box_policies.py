@@ -236,8 +236,10 @@ def test_ppo_and_vtrace_take_both_action_spaces(agent):
 def test_mujoco_ppo_presets_have_cleanrl_s_hyperparameters(tmp_path, name, env):
     config = resolve_config({"logdir": str(tmp_path / "run"), "preset": name})
     assert (config.agent, config.env, config.sync) == ("ppo", env, "hts")
-    # 2048 agent steps per rollout in 32 minibatches of 64 steps, 10 epochs, as CleanRL's one env x 2048 steps.
+    # 2048 agent steps per rollout in 32 minibatches of 64 steps shuffled over the whole rollout, 10 epochs, as
+    # CleanRL's one env x 2048 steps.
     assert config.batch_size * config.unroll_length == 2048 and config.batch_size == config.num_envs
+    assert config.ppo_shuffle_steps
     assert config.batch_size * config.unroll_length // config.ppo_minibatches == 64 and config.ppo_epochs == 10
     assert (config.learning_rate, config.anneal_learning_rate, config.adam_epsilon) == (3e-4, True, 1e-5)
     assert (config.discounting, config.lambda_, config.ppo_clip, config.entropy_cost) == (0.99, 0.95, 0.2, 0.0)

@@ -174,6 +174,10 @@ def test_ppo_defaults_to_hts_with_one_rollout_per_unroll_and_every_env_per_batch
     (dict(agent="ppo", unroll_length=20), "--unroll_length: got 20, expected 32"),
     (dict(agent="ppo", ppo_minibatches=8), "--ppo_minibatches: got 8, expected >= 1 and <= batch_size \\(4\\)"),
     (dict(agent="ppo", sync="sometimes"), "--sync: got 'sometimes', expected hts or async"),
+    (dict(agent="ppo", ppo_shuffle_steps=True, ppo_minibatches=129),
+     "--ppo_minibatches: got 129, expected >= 1 and <= batch_size x unroll_length \\(128\\)"),
+    (dict(agent="ppo", ppo_shuffle_steps=True, use_lstm=True), "--ppo_shuffle_steps: got True, expected False with "
+                                                               "--use_lstm"),
 ])
 def test_impossible_settings_are_refused_naming_the_flags(tmp_path, values, message):
     with pytest.raises(ValueError, match=message):
@@ -237,3 +241,47 @@ def test_policy_lag_counts_updates_since_the_oldest_valid_acting_version():
     valid = torch.tensor([[False, True], [True, True], [True, True]])
     unrolls = Unroll({"policy_version": versions, "valid": valid, "reward": torch.zeros(3, 2)}, {}, torch.arange(2))
     assert policy_lag(unrolls, train_steps=6) == 6 - 4  # version 3 is padding, 2 and 0 only bootstrap
+
+
+def test_single_step_columns_hold_each_step_and_its_successor(tmp_path):
+    from seed.agents.ppo.agent import single_step_columns
+
+    config = _config(tmp_path, agent="ppo", env="fake:vector", sync_every=5)
+    agent = Agent(make_spec(config.env, config.env_options()), config)
+    unrolls = _rollout(agent, 5, config.batch_size, torch.Generator().manual_seed(2)).unrolls
+    advantages, returns = torch.randn(5, 4), torch.randn(5, 4)
+    columns, column_advantages, column_returns = single_step_columns(unrolls, advantages, returns)
+    assert columns.observation.shape == (2, 20, *unrolls.observation.shape[2:])
+    for j in range(20):
+        t, b = divmod(j, 4)
+        for key in unrolls.steps:
+            assert torch.equal(columns.steps[key][0, j], unrolls.steps[key][t, b])
+            assert torch.equal(columns.steps[key][1, j], unrolls.steps[key][t + 1, b])
+        assert int(columns.env_id[j]) == b
+        assert column_advantages[0, j] == advantages[t, b] and column_returns[0, j] == returns[t, b]
+
+
+def test_shuffled_steps_train_like_columns_when_one_minibatch_holds_the_rollout(tmp_path):
+    """One epoch of one minibatch holds every step either way: the same loss, so the same update; with 8
+    minibatches of single steps each optimizer step sees 5 x 4 / 8 steps drawn across envs and times."""
+    parameters = []
+    for shuffle, minibatches in ((False, 1), (True, 1), (True, 8)):
+        config = _config(tmp_path, agent="ppo", env="fake:vector", ppo_epochs=1, ppo_minibatches=minibatches,
+                         sync_every=5, ppo_shuffle_steps=shuffle)
+        torch.manual_seed(0)
+        agent = Agent(make_spec(config.env, config.env_options()), config)
+        optimizer = torch.optim.Adam(agent.network.parameters(), lr=1e-2)
+        batch = _rollout(agent, 5, config.batch_size, torch.Generator().manual_seed(1))
+        agent.train_rollout(batch, optimizer, 0.5, update=0)
+        assert all(int(s["step"]) == minibatches for s in optimizer.state_dict()["state"].values())
+        parameters.append(torch.cat([p.detach().flatten() for p in agent.network.parameters()]))
+    columns, steps, eight = parameters
+    torch.testing.assert_close(steps, columns, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(eight, columns, atol=1e-4)
+
+
+def test_shuffled_steps_are_refused_for_a_frame_stacking_env(tmp_path):
+    config = _config(tmp_path, agent="ppo", env="fake:atari", ppo_shuffle_steps=True)
+    with pytest.raises(ValueError, match="--ppo_shuffle_steps: got True, expected False for fake:atari: the network "
+                                         "stacks its 4 frames"):
+        Agent(make_spec(config.env, config.env_options()), config)

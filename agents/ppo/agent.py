@@ -82,8 +82,13 @@ class PPOAgent(contract.Agent):
         checks = [
             ("ppo_clip", config.ppo_clip > 0, "> 0"),
             ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
-            ("ppo_minibatches", 1 <= config.ppo_minibatches <= config.batch_size,
+            ("ppo_minibatches", 1 <= config.ppo_minibatches <= config.batch_size * config.unroll_length
+             if config.ppo_shuffle_steps else 1 <= config.ppo_minibatches <= config.batch_size,
+             f">= 1 and <= batch_size x unroll_length ({config.batch_size * config.unroll_length}): a minibatch "
+             "holds single steps (--ppo_shuffle_steps)" if config.ppo_shuffle_steps else
              f">= 1 and <= batch_size ({config.batch_size}): a minibatch holds whole env columns"),
+            ("ppo_shuffle_steps", not (config.ppo_shuffle_steps and config.use_lstm),
+             "False with --use_lstm: an LSTM's steps depend on the steps before them"),
         ]
         for name, ok, expected in checks:
             if not ok:
@@ -96,6 +101,9 @@ class PPOAgent(contract.Agent):
     def __init__(self, spec: EnvSpec, config: LearnerConfig):
         self.spec = spec
         self.config = config
+        if config.ppo_shuffle_steps and spec.frame_stack > 1:
+            raise ValueError(f"--ppo_shuffle_steps: got True, expected False for {spec.name}: the network stacks its "
+                             f"{spec.frame_stack} frames from the steps before each one")
         self.network = actor_critic_network(spec, config)
         self.reward_scaler = reward_scaler(config)
 
@@ -276,6 +284,8 @@ class PPOAgent(contract.Agent):
         c = self.config
         unrolls = batch.unrolls
         advantages, returns = self.targets(unrolls)
+        if c.ppo_shuffle_steps:  # every step its own column: the minibatches below then draw single steps
+            unrolls, advantages, returns = single_step_columns(unrolls, advantages, returns)
         columns = unrolls.reward.shape[1]
         generator = torch.Generator().manual_seed(c.seed * 1_000_003 + update)
         sums: dict[str, float] = {}
@@ -314,3 +324,18 @@ class PPOAgent(contract.Agent):
                 count += 1
         return {key: value / count for key, value in sums.items()}
 
+
+
+def single_step_columns(unrolls: Unroll, advantages: torch.Tensor, returns: torch.Tensor
+                        ) -> tuple[Unroll, torch.Tensor, torch.Tensor]:
+    """The rollout's T x B steps as T x B columns of length 2 (step t of env b, then step t + 1, which a loss over
+    [T + 1] unrolls reads only as the bootstrap row), with advantages and returns [1, T x B]; column j is step
+    t = j // B of env b = j % B. For networks without memory only (--ppo_shuffle_steps): each step's outputs
+    depend on that step's inputs alone."""
+    time_steps, envs = advantages.shape
+    steps = {key: torch.stack([value[:-1].flatten(0, 1), value[1:].flatten(0, 1)])
+             for key, value in unrolls.steps.items()}
+    state = {key: value.repeat(time_steps, *([1] * (value.dim() - 1)))
+             for key, value in unrolls.initial_state.items()}
+    columns = Unroll(steps, state, unrolls.env_id.repeat(time_steps))
+    return columns, advantages.reshape(1, time_steps * envs), returns.reshape(1, time_steps * envs)

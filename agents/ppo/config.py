@@ -13,6 +13,10 @@ from seed.contracts.agent import AgentConfig
 class PPOConfig(AgentConfig, NetworkOptions, ActorCriticOptions, InputStatisticsOptions, BoxPolicyOptions):
     ppo_clip: float = option(0.2, "PPO: epsilon of the clipped surrogate, ratio clipped to [1 - eps, 1 + eps].")
     ppo_epochs: int = option(2, "PPO: passes over each rollout per learner update.")
-    ppo_minibatches: int = option(8, "PPO: minibatches per pass; each holds all steps of about B / this many envs.")
+    ppo_minibatches: int = option(8, "PPO: minibatches per pass; each holds all steps of about B / this many envs "
+                                     "(with --ppo_shuffle_steps: about T x B / this many single steps).")
+    ppo_shuffle_steps: bool = option(False, "PPO: minibatches of single steps drawn from the whole rollout (CleanRL's "
+                                            "shuffle), not whole env columns; needs a network without memory (no "
+                                            "LSTM, no frame stack).")
     anneal_learning_rate: bool = option(False, "PPO: decay the learning rate linearly from --learning_rate to 0 over "
                                                "--total_environment_frames (CleanRL's anneal_lr).")

@@ -19,7 +19,8 @@ reached each target ("not reached" otherwise), the final value and the final env
   `<logdir>/config.json`, else from the checkpoint's saved configuration) form one group, drawn as the mean
   over its runs with a min-max band (runs interpolated onto a common grid over the range all of them cover).
   A run without a configuration is a group of its own.
-- Targets: `--targets`, else per env: Pong 18, Football 0.4 and 0.8 (goals), CartPole-v1 450; drawn as
+- Targets: `--targets`, else per env: Pong 18, Football 0.4 and 0.8 (goals), CartPole-v1 450, CleanRL's 1M-step
+  MuJoCo means (Hopper 2,383, HalfCheetah 1,443 for PPO and 9,635 for SAC, Walker2d 2,288); drawn as
   horizontal lines. A target is reached at the first row whose value is >= the target.
 """
 
@@ -44,6 +45,11 @@ DEFAULT_TARGETS: dict[str, tuple[float, ...]] = {
     "atari:Pong": (18.0,),
     "football:": (0.4, 0.8),
     "gym:CartPole-v1": (450.0,),
+    # CleanRL's 1M-step means on the v4 tasks: ppo_continuous_action (Hopper, HalfCheetah, Walker2d) and SAC
+    # (HalfCheetah's second line).
+    "gym:Hopper-v5": (2383.0,),
+    "gym:HalfCheetah-v5": (1443.0, 9635.0),
+    "gym:Walker2d-v5": (2288.0,),
 }
 # Configuration keys that do not change what a run learns: runs differing only in these are seeds of one group.
 NOT_GROUPED = frozenset({"seed", "logdir", "server_address", "print_config", "log_interval_s",
