@@ -197,9 +197,11 @@ PRESETS: dict[str, dict[str, Any]] = {
     # SAC on HalfCheetah-v5 for a 2-core CPU machine: CleanRL's sac_continuous_action (the agent's defaults: MLPs of
     # 2 x 256, batch 256, gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy every 2 updates, learning starts
     # at 5K transitions, a 1M replay) with one update of 256 transitions per agent step (replay ratio 256 with
-    # sequences of one transition); 1 actor x 4 envs, of which 1 evaluates (the policy's mode); 1M agent steps.
+    # sequences of one transition); 1 actor x 4 envs, of which 1 evaluates (the policy's mode); 1M agent steps. One
+    # torch thread: an update takes 28 ms with one and 906 ms with two while the other core is busy (OpenMP's
+    # threads wait on each other; this VM, a PPO run beside it).
     "halfcheetah_sac": dict(
-        agent="sac", env="gym:HalfCheetah-v5", num_actors=1, envs_per_actor=4, num_eval_envs=1,
+        agent="sac", env="gym:HalfCheetah-v5", num_actors=1, envs_per_actor=4, num_eval_envs=1, torch_threads=1,
         total_environment_frames=1e6, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
     # SAC on HalfCheetah-v5 for one GPU + 16 cores: halfcheetah_sac's CleanRL settings with training and inference on

@@ -31,7 +31,7 @@ from typing import Any
 import torch
 from absl import app, flags
 
-from seed.config import LearnerConfig, burn_in_steps, explicit_flags
+from seed.config import LearnerConfig, burn_in_steps, explicit_flags, torch_threads
 from seed.contracts import InferenceBatch
 from seed.contracts.training import STEP_FIELDS, TrainingBatch, Unroll
 from seed.envs import make_spec
@@ -84,7 +84,7 @@ def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
 
 def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: int) -> dict[str, Any]:
     """The JSON result (see the module docstring); CPU only."""
-    torch.set_num_threads(config.torch_threads or os.cpu_count() or 1)
+    torch.set_num_threads(torch_threads(config.torch_threads))
     if config.keep_freed_memory:
         keep_freed_memory()  # as the learner does
     torch.manual_seed(config.seed)

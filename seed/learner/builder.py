@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from seed.config import LearnerConfig, burn_in_steps
+from seed.config import LearnerConfig, burn_in_steps, torch_threads
 from seed.contracts.agent import check_action_space
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
@@ -117,8 +117,7 @@ def setup_process(config: LearnerConfig) -> None:
     """This process's settings before anything is built: the logdir, torch's threads, the allocator, the
     deterministic algorithms, the seeds."""
     os.makedirs(config.logdir, exist_ok=True)
-    threads = config.torch_threads or os.cpu_count() or 1
-    torch.set_num_threads(threads)
+    torch.set_num_threads(torch_threads(config.torch_threads))
     if config.keep_freed_memory:
         keep_freed_memory()
     if config.deterministic:

@@ -53,7 +53,7 @@ import numpy as np
 import torch
 import torch.multiprocessing as mp
 
-from seed.config import LearnerConfig
+from seed.config import LearnerConfig, torch_threads
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
 from seed.inference.parameter_publisher import copy_tensors
@@ -196,7 +196,7 @@ def _set_up_process(spec: TrainingProcessSpec) -> tuple[torch.device, data_paral
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     faulthandler.register(signal.SIGUSR2, all_threads=True)  # the learner asks for our stacks when we hang
     devices = data_parallel.parse_devices(config.training_devices) if world > 1 else [config.training_device]
-    torch.set_num_threads(max(1, (config.torch_threads or os.cpu_count() or 1) // world))
+    torch.set_num_threads(max(1, torch_threads(config.torch_threads) // world))
     if config.keep_freed_memory:
         keep_freed_memory()
     torch.manual_seed(config.seed + 1)
