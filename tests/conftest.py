@@ -12,8 +12,15 @@ import sys
 import time
 
 import pytest
+import torch
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# One intra-op thread in the test process, as the learner's processes get on a machine of at most 4 cores
+# (seed.config.torch_threads): the tests' learners and actors keep the other core busy, and two OpenMP threads then
+# wait on each other for it (an update 6-32x slower).
+if (os.cpu_count() or 1) <= 4:
+    torch.set_num_threads(1)
 
 
 def free_tcp_port() -> int:
