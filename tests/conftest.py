@@ -14,13 +14,13 @@ import time
 import pytest
 import torch
 
+from seed.config import torch_threads
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# One intra-op thread in the test process, as the learner's processes get on a machine of at most 4 cores
-# (seed.config.torch_threads): the tests' learners and actors keep the other core busy, and two OpenMP threads then
-# wait on each other for it (an update 6-32x slower).
-if (os.cpu_count() or 1) <= 4:
-    torch.set_num_threads(1)
+# The test process takes the learner processes' automatic thread count (one on a machine of at most 4 cores): the
+# tests' learners and actors keep the other core busy, and two OpenMP threads then wait on each other for it.
+torch.set_num_threads(torch_threads(0))
 
 
 def free_tcp_port() -> int:

@@ -39,12 +39,16 @@ def write_checkpoint(logdir: str, controller: tuple[float, ...] | None = None, s
     agent = agent_class(config.agent)(spec, config)
     if controller is not None:
         set_controller(agent.network, controller)
-    optimizer = torch.optim.Adam(agent.network.parameters())
     saved = {**vars(config), **(extra_config or {})}
-    checkpoint.save(logdir, {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                             "counters": {"env_frames": 12_345, "train_steps": 67, "episodes": 8},
-                             "config": saved})
+    save_like_the_learner(logdir, agent, saved, {"env_frames": 12_345, "train_steps": 67, "episodes": 8})
     return saved
+
+
+def save_like_the_learner(logdir: str, agent, saved_config: dict, counters: dict) -> None:
+    """`agent` saved with seed.learner.checkpoint in the learner's layout: agent, optimizer, counters, config."""
+    optimizer = torch.optim.Adam(agent.network.parameters())
+    checkpoint.save(logdir, {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                             "counters": counters, "config": saved_config})
 
 
 def set_controller(network: torch.nn.Module, weights: tuple[float, ...]) -> None:
@@ -299,10 +303,7 @@ def write_box_checkpoint(logdir: str, observation_shift: float) -> None:
         moments.mean.fill_(observation_shift)
         moments.var.fill_(1.0)
         moments.count.fill_(1000)
-    optimizer = torch.optim.Adam(agent.network.parameters())
-    checkpoint.save(logdir, {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
-                             "counters": {"env_frames": 1_000, "train_steps": 1, "episodes": 2},
-                             "config": vars(config)})
+    save_like_the_learner(logdir, agent, vars(config), {"env_frames": 1_000, "train_steps": 1, "episodes": 2})
 
 
 def test_a_continuous_checkpoint_plays_its_mean_action_with_its_statistics_and_writes_mujoco_video(tmp_path):

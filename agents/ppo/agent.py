@@ -79,14 +79,17 @@ class PPOAgent(contract.Agent):
     def check_config(cls, config: Any) -> None:
         check_network_options(config)
         check_input_statistics_options(config)
+        if config.ppo_shuffle_steps:  # a minibatch holds single steps: at most all of the rollout's
+            most = config.batch_size * config.unroll_length
+            minibatch_limit = (f"<= batch_size x unroll_length ({most}): a minibatch holds single steps "
+                               "(--ppo_shuffle_steps)")
+        else:
+            most = config.batch_size
+            minibatch_limit = f"<= batch_size ({most}): a minibatch holds whole env columns"
         checks = [
             ("ppo_clip", config.ppo_clip > 0, "> 0"),
             ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
-            ("ppo_minibatches", 1 <= config.ppo_minibatches <= config.batch_size * config.unroll_length
-             if config.ppo_shuffle_steps else 1 <= config.ppo_minibatches <= config.batch_size,
-             f">= 1 and <= batch_size x unroll_length ({config.batch_size * config.unroll_length}): a minibatch "
-             "holds single steps (--ppo_shuffle_steps)" if config.ppo_shuffle_steps else
-             f">= 1 and <= batch_size ({config.batch_size}): a minibatch holds whole env columns"),
+            ("ppo_minibatches", 1 <= config.ppo_minibatches <= most, f">= 1 and {minibatch_limit}"),
             ("ppo_shuffle_steps", not (config.ppo_shuffle_steps and config.use_lstm),
              "False with --use_lstm: an LSTM's steps depend on the steps before them"),
         ]
