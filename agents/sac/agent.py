@@ -177,12 +177,14 @@ class SACAgent(contract.Agent):
         network = self.network
         alpha = network.log_alpha.exp().detach()
         action, log_prob = network.actor.distribution(observation).rsample_with_log_prob()
-        q1, q2 = network.critic(observation, action)
+        network.critic.requires_grad_(False)  # the actor's loss trains the actor only: no critic weight gradients
+        try:
+            q1, q2 = network.critic(observation, action)
+        finally:
+            network.critic.requires_grad_(True)
         actor_loss = sac.actor_loss(log_prob, q1, q2, alpha, state_valid)
         optimizer.zero_grad(set_to_none=True)
         actor_loss.backward()
-        for parameter in network.critic.parameters():  # the critics are not trained by the actor's loss
-            parameter.grad = None
         if grad_clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(network.actor.parameters(), grad_clip_norm)
         optimizer.step()

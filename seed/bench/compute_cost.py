@@ -10,8 +10,10 @@ made by the agent's own `act` on random frames, so every field the loss reads is
 
 Reported (milliseconds of wall time on the timing thread, medians over --repeats):
   inference_ms[B]           agent.act on B rows (the policy's forward and sampling), under torch.no_grad
-  train_step_ms             one optimizer step on batch_size unrolls of burn_in + unroll_length + 1 steps
-                            (PPO: its whole epochs x minibatches update on one rollout)
+  train_step_ms             one learner update (seed/training/update.py's train_on_batch, the training
+                            process's, with its optimizer) on batch_size unrolls of burn_in + unroll_length + 1
+                            steps: PPO's whole epochs x minibatches on one rollout, SAC's critic step and its
+                            share of actor and temperature steps, MuZero's reanalysis with --reanalyse_ratio
   learner_ms_per_agent_step inference_ms[B] / B + train_step_ms / (trained agent steps per update), at the
                             largest B, times --replay_ratio for R2D2 (each agent step is trained that many times
                             on average): the learner's time per agent step if it had one core to itself
@@ -37,6 +39,8 @@ from seed.contracts.training import STEP_FIELDS, TrainingBatch, Unroll
 from seed.envs import make_spec
 from seed.learner.host_memory import keep_freed_memory
 from seed.learner.main import define_learner_flags, learner_fields, resolve_config
+from seed.training.optimizers import make_optimizer
+from seed.training.update import train_on_batch
 
 FLAGS = flags.FLAGS
 
@@ -48,13 +52,19 @@ def _batch(spec, rows: int, step: int, generator: torch.Generator, actions: torc
                           reward=torch.zeros(rows), done=torch.full((rows,), step == 0), prev_action=actions)
 
 
+def _zero_actions(spec, rows: int) -> torch.Tensor:
+    """Previous actions for the first step, as the learner holds them: int64 [rows] or float32 [rows, D]."""
+    actions = torch.from_numpy(spec.zero_actions(rows))
+    return actions if spec.continuous else actions.long()
+
+
 def make_unrolls(agent: Any, spec, config: LearnerConfig, generator: torch.Generator) -> Unroll:
     """A time-major batch [burn_in + unroll_length + 1, batch_size, ...] played by `agent.act` on random frames."""
     rows = config.batch_size
     length = burn_in_steps(config) + config.unroll_length + 1
     initial = agent.initial_state(rows)
     state = dict(initial)
-    actions = torch.zeros(rows, dtype=torch.int64)
+    actions = _zero_actions(spec, rows)
     steps: dict[str, list[torch.Tensor]] = {}
     with torch.no_grad():
         for t in range(length):
@@ -93,7 +103,7 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
     generator = torch.Generator().manual_seed(config.seed)
     inference_ms = {}
     for rows in inference_batch_sizes:
-        batch = _batch(spec, rows, 1, generator, torch.zeros(rows, dtype=torch.int64))
+        batch = _batch(spec, rows, 1, generator, _zero_actions(spec, rows))
         state = agent.initial_state(rows)
 
         def act(batch=batch, state=state):
@@ -103,19 +113,14 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
 
     unrolls = make_unrolls(agent, spec, config, generator)
     training = TrainingBatch(unrolls, importance_weights=torch.ones(config.batch_size) if agent.uses_replay else None)
-    optimizer = torch.optim.Adam(agent.network.parameters(), lr=config.learning_rate, eps=config.adam_epsilon,
-                                 foreach=True)
+    optimizer = make_optimizer(agent, config)
+    train_steps = 0
 
-    def train():
-        if hasattr(agent, "train_rollout"):
-            agent.train_rollout(training, optimizer, config.grad_clip_norm, 0)
-            return
-        out = agent.loss(training)
-        optimizer.zero_grad(set_to_none=True)
-        out.loss.backward()
-        if config.grad_clip_norm > 0:
-            torch.nn.utils.clip_grad_norm_(agent.network.parameters(), config.grad_clip_norm)
-        optimizer.step()
+    def train():  # the training process's update: the agent's own (SAC's actor steps, MuZero's reanalysis)
+        nonlocal train_steps
+        training.unrolls.steps["policy_version"].fill_(train_steps)  # no --max_policy_lag drop
+        train_on_batch(agent, optimizer, training, config, train_steps)
+        train_steps += 1
     train_ms = _median_ms(train, repeats)
 
     largest = max(inference_batch_sizes)
@@ -125,7 +130,8 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
     times_trained = replay_ratio or 1.0
     per_step = inference_ms[largest] / largest + times_trained * train_ms / trained_steps
     return {
-        "agent": config.agent, "env": config.env, "network": config.network, "use_lstm": config.use_lstm,
+        "agent": config.agent, "env": config.env,
+        "network": getattr(config, "network", None), "use_lstm": getattr(config, "use_lstm", None),  # agents' own
         "preset": config.preset, "batch_size": config.batch_size, "unroll_length": config.unroll_length,
         "burn_in": burn_in_steps(config), "replay_ratio": replay_ratio,
         "torch_threads": torch.get_num_threads(), "cpu_cores": os.cpu_count(),
