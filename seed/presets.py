@@ -253,12 +253,13 @@ PRESET_SOURCES: dict[str, str] = {
     "pong_muzero": "EfficientZero's losses and horizons on a 2-core-sized model (32 channels, the Nature DQN's "
                    "convolutions as the downsampling) with 8 Gumbel simulations and half of each batch reanalysed; "
                    "docs/learning/README.md.",
-    "minatar_vtrace": "pong_vtrace's 2-core shape on the MinAtar paper's network, discount and 5M frames; not yet "
-                      "measured.",
-    "minatar_ppo": "CleanRL's Atari PPO recipe (pong_ppo's, clip 0.2) on the MinAtar paper's network; not yet "
-                   "measured.",
+    "minatar_vtrace": "pong_vtrace's 2-core shape on the MinAtar paper's network, discount and 5M frames; 1M "
+                      "agent steps of each game take 3.5-5.3 minutes on 2 cores (docs/learning/README.md, MinAtar).",
+    "minatar_ppo": "CleanRL's Atari PPO recipe (pong_ppo's, clip 0.2) on the MinAtar paper's network; 1M agent "
+                   "steps of each game take about 4-5 minutes on 2 cores (docs/learning/README.md, MinAtar).",
     "minatar_muzero": "the MuZero agent's minatar defaults (its gym settings on a 10 x 10 ResNet model) sized from "
-                      "one update's CPU time to run 100K agent steps in under an hour on 2 cores; not yet measured.",
+                      "one update's CPU time to run 100K agent steps in under an hour on 2 cores; Breakout seed 1 "
+                      "took 44.6 minutes (docs/learning/README.md, MinAtar).",
     "halfcheetah_sac": "CleanRL's sac_continuous_action defaults (cleanrl/sac_continuous_action.py: batch 256, "
                        "gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy frequency 2, learning starts 5e3, "
                        "buffer 1e6, log-std in [-5, 2]) with its one update per agent step; the env and actor "
