@@ -24,9 +24,10 @@ def test_measure_times_every_agent_and_derives_the_learner_bound(tmp_path, agent
     result = measure(config, [2, 4], repeats=1)
     assert set(result["inference_ms"]) == {"2", "4"} and min(result["inference_ms"].values()) > 0
     assert result["train_step_ms"] > 0
-    # A replay agent trains each agent step replay_ratio times on average; the others once.
-    times_trained = config.replay_ratio if agent in ("r2d2", "sac") else 1.0
-    assert result["replay_ratio"] == (config.replay_ratio if agent in ("r2d2", "sac") else None)
+    # A replay agent (R2D2, SAC) trains each agent step replay_ratio times on average; the others once.
+    replay_ratio = config.replay_ratio if agent_class(agent).uses_replay else None
+    times_trained = replay_ratio or 1.0
+    assert result["replay_ratio"] == replay_ratio
     per_step = (result["inference_ms"]["4"] / 4
                 + times_trained * result["train_step_ms"] / (config.batch_size * config.unroll_length))
     rounding = 0.005 * times_trained / (config.batch_size * config.unroll_length)  # train_step_ms has 2 decimals

@@ -15,8 +15,9 @@ Reported (milliseconds of wall time on the timing thread, medians over --repeats
                             steps: PPO's whole epochs x minibatches on one rollout, SAC's critic step and its
                             share of actor and temperature steps, MuZero's reanalysis with --reanalyse_ratio
   learner_ms_per_agent_step inference_ms[B] / B + train_step_ms / (trained agent steps per update), at the
-                            largest B, times --replay_ratio for R2D2 (each agent step is trained that many times
-                            on average): the learner's time per agent step if it had one core to itself
+                            largest B, times --replay_ratio for replay agents (R2D2, SAC, MuZero: each agent
+                            step is trained that many times on average): the learner's time per agent step if it
+                            had one core to itself
   learner_bound_fps         action_repeat x 1000 / learner_ms_per_agent_step: env frames per second that the
                             learner's arithmetic alone allows on that core
 """
