@@ -208,20 +208,23 @@ class PPOAgent(contract.Agent):
         columns (unrolls [T + 1, b, ...], advantages and returns [T, b]); advantages normalised over it unless
         `advantages_normalized` (a data-parallel rank's share, normalised over the whole minibatch already)."""
         c = self.config
-        logits, values = self._run(unrolls)
+        # The bootstrap row's outputs are not used (the targets are given), and the network is causal: run it on
+        # steps 0..T-1 only. With --ppo_shuffle_steps that halves the rows of every forward and backward.
+        logits, values = self._run(Unroll({k: v[:-1] for k, v in unrolls.steps.items()}, unrolls.initial_state,
+                                          unrolls.env_id))
         policy_metrics = {}
         if self.spec.continuous:
             action_log_probs, behaviour_log_probs, entropy, policy_metrics = box_log_probs(
-                self.network, logits[:-1], unrolls, entropy_grad=c.entropy_cost != 0)
+                self.network, logits, unrolls, entropy_grad=c.entropy_cost != 0)
         else:
             actions = unrolls.action[:-1].unsqueeze(-1)
-            log_probs = F.log_softmax(logits[:-1], -1)
+            log_probs = F.log_softmax(logits, -1)
             action_log_probs = log_probs.gather(-1, actions).squeeze(-1)
             behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1).gather(-1, actions).squeeze(-1)
             entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
         surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs,
                                            advantages if advantages_normalized else normalize(advantages), c.ppo_clip)
-        baseline_loss = c.baseline_cost * 0.5 * (returns - values[:-1]).pow(2).mean()
+        baseline_loss = c.baseline_cost * 0.5 * (returns - values).pow(2).mean()
         total = surrogate.loss + baseline_loss - c.entropy_cost * entropy
         metrics = {
             "losses/policy": surrogate.loss.item(),
@@ -231,7 +234,7 @@ class PPOAgent(contract.Agent):
             "policy/entropy": entropy.item(),
             "policy/clip_fraction": surrogate.clip_fraction.item(),
             "policy/approx_kl": surrogate.approx_kl.item(),
-            "V/value function": values[:-1].mean().item(),
+            "V/value function": values.mean().item(),
             **policy_metrics,
         }
         return LossOutput(total, metrics)
