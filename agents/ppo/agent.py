@@ -13,7 +13,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from seed.agents.counter_rng import counter_uniforms, gumbel_max_sample
-from seed.agents.gaussian_actor_critic import box_act, box_log_probs
+from seed.agents.gaussian_actor_critic import ACTION_LOG_PROB, box_act, box_log_probs
 from seed.agents.normalization import (
     load_state_dict_with_scaler,
     loss_rewards,
@@ -290,6 +290,11 @@ class PPOAgent(contract.Agent):
         c = self.config
         unrolls = batch.unrolls
         advantages, returns = self.targets(unrolls)
+        # The minibatches carry only what `minibatch_loss` reads: the network's inputs and the behaviour policy.
+        behaviour = ACTION_LOG_PROB if self.spec.continuous else "policy_logits"
+        unrolls = Unroll({k: unrolls.steps[k] for k in ("observation", "prev_action", "reward", "done", "action",
+                                                        behaviour)}, unrolls.initial_state, unrolls.env_id)
+        parameters = list(self.network.parameters())
         if c.ppo_shuffle_steps:  # every step its own column: the minibatches below then draw single steps
             unrolls, advantages, returns = single_step_columns(unrolls, advantages, returns)
         columns = unrolls.reward.shape[1]
@@ -319,11 +324,10 @@ class PPOAgent(contract.Agent):
                     out.loss.backward()
                 else:
                     (out.loss * loss_scale).backward()
-                    shard.all_reduce_gradients(list(self.network.parameters()))
+                    shard.all_reduce_gradients(parameters)
                 values = dict(out.metrics)
                 if grad_clip_norm > 0:
-                    values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(self.network.parameters(),
-                                                                                   grad_clip_norm))
+                    values["gradient_norm"] = float(torch.nn.utils.clip_grad_norm_(parameters, grad_clip_norm))
                 optimizer.step()
                 for key, value in values.items():
                     sums[key] = sums.get(key, 0.0) + value
