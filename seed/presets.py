@@ -258,8 +258,8 @@ PRESET_SOURCES: dict[str, str] = {
     "minatar_ppo": "CleanRL's Atari PPO recipe (pong_ppo's, clip 0.2) on the MinAtar paper's network; 1M agent "
                    "steps of each game take 4.2-5.6 minutes on 2 cores (docs/learning/README.md, MinAtar).",
     "minatar_muzero": "the MuZero agent's minatar defaults (its gym settings on a 10 x 10 ResNet model) sized from "
-                      "one update's CPU time to run 100K agent steps in under an hour on 2 cores; Breakout seed 1 "
-                      "took 44.6 minutes (docs/learning/README.md, MinAtar).",
+                      "one update's CPU time to run 100K agent steps in under an hour on 2 cores; Breakout, Asterix "
+                      "and Freeway (seed 1) took 43-45 minutes each (docs/learning/README.md, MinAtar).",
     "halfcheetah_sac": "CleanRL's sac_continuous_action defaults (cleanrl/sac_continuous_action.py: batch 256, "
                        "gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy frequency 2, learning starts 5e3, "
                        "buffer 1e6, log-std in [-5, 2]) with its one update per agent step; the env and actor "
