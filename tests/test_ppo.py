@@ -285,3 +285,24 @@ def test_shuffled_steps_are_refused_for_a_frame_stacking_env(tmp_path):
     with pytest.raises(ValueError, match="--ppo_shuffle_steps: got True, expected False for fake:atari: the network "
                                          "stacks its 4 frames"):
         Agent(make_spec(config.env, config.env_options()), config)
+
+
+@pytest.mark.parametrize("env, values", [("fake:vector", {}), ("fake:vector", {"use_lstm": True}),
+                                         ("fake:atari", {})])
+def test_the_loss_network_run_drops_the_bootstrap_row_without_changing_the_other_rows(tmp_path, env, values):
+    """minibatch_loss runs the network on steps 0..T-1 only: that holds because every network is causal (an LSTM's
+    or a frame stack's output at t reads inputs up to t), so those rows equal the [T + 1] run's first T."""
+    config = _config(tmp_path, agent="ppo", env=env, sync_every=5, **values)
+    torch.manual_seed(0)
+    agent = Agent(make_spec(config.env, config.env_options()), config)
+    generator = torch.Generator().manual_seed(3)
+    unrolls = _rollout(agent, 5, config.batch_size, generator).unrolls
+    if env == "fake:atari":  # uint8 frames, as the env sends them
+        unrolls.steps["observation"] = torch.randint(0, 256, unrolls.observation.shape, generator=generator,
+                                                     dtype=torch.uint8)
+    full_logits, full_values = agent._run(unrolls)
+    first_steps = Unroll({k: v[:-1] for k, v in unrolls.steps.items()}, unrolls.initial_state, unrolls.env_id)
+    logits, values_ = agent._run(first_steps)
+    assert logits.shape[0] == 5 and full_logits.shape[0] == 6
+    torch.testing.assert_close(logits, full_logits[:-1], rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(values_, full_values[:-1], rtol=1e-6, atol=1e-6)
