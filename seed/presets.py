@@ -182,17 +182,20 @@ PRESETS: dict[str, dict[str, Any]] = {
     ),
     # MuZero for 100K agent steps (the Atari 100k budget) on 2 cores in under an hour: the agent's minatar defaults
     # (the gym settings: K = 5, n = 5, supports of 41 / 11 atoms, lr 1e-3, discount 0.99 as the MinAtar paper) on the
-    # ResNet model at 10 x 10 with 16 latent channels, Gumbel MuZero's search with 8 simulations (pong_muzero's), 2 x
-    # 8 envs (2 evaluate), batches of 8 sequences (80 unroll starts), each inserted position trained 4 times, a
-    # replay of the last 2,000 sequences (20K positions, a fifth of the run, as cartpole_muzero's small replay), no
-    # reanalysis. Sizing, from one update's CPU time on this VM (torch 1 thread): 16 channels take 0.7 CPU s
-    # per update against 32's 1.5 (reanalysing half of a batch adds 0.3), and 100K steps make 10K sequences, so 5,000
-    # updates are about 3,500 CPU s, plus about 1,100 for 8-env searches (90 ms each): some 40 minutes of 2 cores.
+    # ResNet model at 10 x 10 with 16 latent channels and a SimSiam projection of 256 (EfficientZero's 1024 was 40%
+    # of an update here: its 1,600 x 1,024 layer outweighs the convolutions of a 16-channel latent), Gumbel MuZero's
+    # search with 16 simulations, 2 x 8 envs (2 evaluate), batches of 8 sequences (80 unroll starts), each inserted
+    # position trained 6 times, a replay of the last 2,000 sequences (20K positions, a fifth of the run, as
+    # cartpole_muzero's small replay), no reanalysis. Sizing, from one update's CPU time on this VM (torch 1 thread):
+    # 16 channels with the 256 projection take 0.35-0.4 CPU s per update (0.6-0.85 with the 1024 one; 32 channels
+    # 1.5), and 100K steps make 10K sequences, so 7,500 updates are about 2,800 CPU s on the training process's
+    # core; the 8-env searches (about 100 ms each) run on the other core: some 50 minutes of 2 cores.
     "minatar_muzero": dict(
         agent="muzero", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2,
-        inference_batch_size=-1, latent_channels=16, lstm_size=128, search="gumbel", num_simulations=8,
-        batch_size=8, replay_ratio=4.0, reanalyse_ratio=0.0, replay_capacity=2_000, replay_min_size=100,
-        discounting=0.99, total_environment_frames=100_000, log_interval_s=30.0, checkpoint_interval_s=300.0,
+        inference_batch_size=-1, latent_channels=16, projection_size=256, lstm_size=128, search="gumbel",
+        num_simulations=16, batch_size=8, replay_ratio=6.0, reanalyse_ratio=0.0, replay_capacity=2_000,
+        replay_min_size=100, discounting=0.99, total_environment_frames=100_000, log_interval_s=30.0,
+        checkpoint_interval_s=300.0,
     ),
     # SAC on HalfCheetah-v5 for a 2-core CPU machine: CleanRL's sac_continuous_action (the agent's defaults: MLPs of
     # 2 x 256, batch 256, gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy every 2 updates, learning starts
@@ -257,9 +260,9 @@ PRESET_SOURCES: dict[str, str] = {
                       "agent steps of each game take 3.5-5.3 minutes on 2 cores (docs/learning/README.md, MinAtar).",
     "minatar_ppo": "CleanRL's Atari PPO recipe (pong_ppo's, clip 0.2) on the MinAtar paper's network; 1M agent "
                    "steps of each game take 4.2-5.6 minutes on 2 cores (docs/learning/README.md, MinAtar).",
-    "minatar_muzero": "the MuZero agent's minatar defaults (its gym settings on a 10 x 10 ResNet model) sized from "
-                      "one update's CPU time to run 100K agent steps in under an hour on 2 cores; Breakout, Asterix "
-                      "and Freeway (seed 1) took 43-45 minutes each (docs/learning/README.md, MinAtar).",
+    "minatar_muzero": "the MuZero agent's minatar defaults (its gym settings on a 10 x 10 ResNet model, with a "
+                      "256-wide SimSiam projection) sized from one update's CPU time to run 100K agent steps in "
+                      "under an hour on 2 cores (docs/learning/README.md, MinAtar).",
     "halfcheetah_sac": "CleanRL's sac_continuous_action defaults (cleanrl/sac_continuous_action.py: batch 256, "
                        "gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy frequency 2, learning starts 5e3, "
                        "buffer 1e6, log-std in [-5, 2]) with its one update per agent step; the env and actor "

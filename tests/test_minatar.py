@@ -223,7 +223,7 @@ def test_muzero_minatar_network_keeps_10_by_10_and_trains(tmp_path):
     from seed.learner.main import resolve_config
 
     config = resolve_config(dict(agent="muzero", env="minatar:seaquest", logdir=str(tmp_path), latent_channels=8,
-                                 lstm_size=16))
+                                 lstm_size=16, projection_size=64))
     spec = envs.make_spec("minatar:seaquest")
     network = make_network(spec, config)
     states = torch.rand(3, 1, 10, 10, 10) < 0.2
@@ -234,6 +234,10 @@ def test_muzero_minatar_network_keeps_10_by_10_and_trains(tmp_path):
     next_latent, prefix, _, _, _ = network.recurrent_inference(latent, torch.tensor([0, 3, 5]),
                                                                network.initial_state_lstm(3, latent.device))
     assert next_latent.shape == latent.shape and prefix.shape == (3, 2 * config.reward_support_size + 1)
+    # --projection_size: the consistency loss's vectors and the projection's hidden layers are 64 wide, the
+    # predictor's hidden layer half of it.
+    assert network.project(next_latent, False).shape == network.project(next_latent, True).shape == (3, 64)
+    assert network.projection.predictor[0].out_features == 32
     loss = value.sum() + next_latent.sum() + network.project(next_latent, True).sum()
     loss.backward()
     assert float(network.stem.weight.grad.abs().sum()) > 0
@@ -255,17 +259,17 @@ def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tm
     assert envs.make_spec(other.env, other.env_options()).observation_shape == (10, 10, 6)
 
 
-def test_muzero_preset_makes_5000_updates_in_100k_agent_steps(tmp_path):
+def test_muzero_preset_makes_7500_updates_in_100k_agent_steps(tmp_path):
     """The sizing of minatar_muzero's comment: 100K agent steps / 10 positions per sequence = 10K sequences, each
-    sampled 4 times in batches of 8: 5,000 updates of 8 x 10 unroll starts, each position trained 4 times."""
+    sampled 6 times in batches of 8: 7,500 updates of 8 x 10 unroll starts, each position trained 6 times."""
     from seed.learner.main import resolve_config
 
     config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "minatar_muzero"})
-    assert (config.search, config.num_simulations, config.latent_channels, config.reanalyse_ratio) == (
-        "gumbel", 8, 16, 0.0)
+    assert (config.search, config.num_simulations, config.latent_channels, config.projection_size,
+            config.reanalyse_ratio) == ("gumbel", 16, 16, 256, 0.0)
     sequences = config.total_environment_frames / config.unroll_length  # action repeat 1: frames = agent steps
     assert sequences == 10_000 and config.replay_capacity == 2_000
-    assert sequences * config.replay_ratio / config.batch_size == 5_000
+    assert sequences * config.replay_ratio / config.batch_size == 7_500
 
 
 # ----------------------------------------------------------------------------------------------- real processes

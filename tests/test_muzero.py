@@ -379,6 +379,8 @@ def test_contradictory_flags_are_refused(tmp_path):
         resolve_config(dict(agent="vtrace", env="fake:vector", logdir=str(tmp_path), reanalyse_ratio=0.5))
     with pytest.raises(ValueError, match=r"--reanalyse_ratio: got 1.5, expected >= 0 and <= 1"):
         Agent(_spec(), _config(tmp_path, reanalyse_ratio=1.5))
+    with pytest.raises(ValueError, match=r"--projection_size: got 1, expected >= 2"):
+        Agent(_spec(), _config(tmp_path, projection_size=1))
     with pytest.raises(ValueError,
                        match=r"--network: got 'impala_deep', expected auto, mlp, resnet, nature or minatar"):
         Agent(_spec(), _config(tmp_path, network="impala_deep"))

@@ -47,3 +47,6 @@ class MuZeroConfig(AgentConfig, NetworkOptions, ReplayOptions):
                                            "evaluation envs play the most visited action.")
     latent_size: int = option(64, "MuZero MLP: dimension of the latent state.")
     latent_channels: int = option(64, "MuZero ResNet: channels of the latent state (EfficientZero: 64).")
+    projection_size: int = option(1024, "MuZero ResNet: width of the consistency loss's SimSiam projection (its "
+                                        "hidden and output layers; the predictor's hidden layer is half of it). "
+                                        "EfficientZero: 1024 on a 64 x 6 x 6 latent.")
