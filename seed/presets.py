@@ -187,9 +187,10 @@ PRESETS: dict[str, dict[str, Any]] = {
     # search with 16 simulations, 2 x 8 envs (2 evaluate), batches of 8 sequences (80 unroll starts), each inserted
     # position trained 6 times, a replay of the last 2,000 sequences (20K positions, a fifth of the run, as
     # cartpole_muzero's small replay), no reanalysis. Sizing, from one update's CPU time on this VM (torch 1 thread):
-    # 16 channels with the 256 projection take 0.35-0.4 CPU s per update (0.6-0.85 with the 1024 one; 32 channels
-    # 1.5), and 100K steps make 10K sequences, so 7,500 updates are about 2,800 CPU s on the training process's
-    # core; the 8-env searches (about 100 ms each) run on the other core: some 50 minutes of 2 cores.
+    # 16 channels with the 256 projection take 0.36-0.39 s per update (0.50-0.54 with the 1024 one; 32 channels
+    # 1.5), and 100K agent steps make 8,750 sequences (the 2 evaluation envs' steps are not inserted), so 6,560
+    # updates are about 2,500 CPU s on the training process's core; the 8-env searches (about 100 ms each) run on
+    # the other core: 40 minutes of 2 cores for Breakout (docs/learning/README.md, MinAtar).
     "minatar_muzero": dict(
         agent="muzero", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2,
         inference_batch_size=-1, latent_channels=16, projection_size=256, lstm_size=128, search="gumbel",

@@ -259,17 +259,19 @@ def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tm
     assert envs.make_spec(other.env, other.env_options()).observation_shape == (10, 10, 6)
 
 
-def test_muzero_preset_makes_7500_updates_in_100k_agent_steps(tmp_path):
-    """The sizing of minatar_muzero's comment: 100K agent steps / 10 positions per sequence = 10K sequences, each
-    sampled 6 times in batches of 8: 7,500 updates of 8 x 10 unroll starts, each position trained 6 times."""
+def test_muzero_preset_makes_6560_updates_in_100k_agent_steps(tmp_path):
+    """The sizing of minatar_muzero's comment: 100K agent steps, of which the 14 training envs' 87.5K are inserted,
+    / 10 positions per sequence = 8,750 sequences, each sampled 6 times in batches of 8: about 6,560 updates of
+    8 x 10 unroll starts, each position trained 6 times (the Breakout run made 6,450)."""
     from seed.learner.main import resolve_config
 
     config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "minatar_muzero"})
     assert (config.search, config.num_simulations, config.latent_channels, config.projection_size,
             config.reanalyse_ratio) == ("gumbel", 16, 16, 256, 0.0)
-    sequences = config.total_environment_frames / config.unroll_length  # action repeat 1: frames = agent steps
-    assert sequences == 10_000 and config.replay_capacity == 2_000
-    assert sequences * config.replay_ratio / config.batch_size == 7_500
+    training_share = (config.num_envs - config.num_eval_envs) / config.num_envs  # evaluation steps are not inserted
+    sequences = config.total_environment_frames * training_share / config.unroll_length  # action repeat 1
+    assert sequences == 8_750 and config.replay_capacity == 2_000
+    assert sequences * config.replay_ratio / config.batch_size == pytest.approx(6_562.5)
 
 
 # ----------------------------------------------------------------------------------------------- real processes
