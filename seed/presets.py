@@ -260,7 +260,7 @@ PRESET_SOURCES: dict[str, str] = {
     "minatar_vtrace": "pong_vtrace's 2-core shape on the MinAtar paper's network, discount and 5M frames; 1M "
                       "agent steps of each game take 3.5-5.3 minutes on 2 cores (docs/learning/README.md, MinAtar).",
     "minatar_ppo": "CleanRL's Atari PPO recipe (pong_ppo's, clip 0.2) on the MinAtar paper's network; 1M agent "
-                   "steps of each game take 4.2-5.6 minutes on 2 cores (docs/learning/README.md, MinAtar).",
+                   "steps of each game take 3.5-5.6 minutes on 2 cores (docs/learning/README.md, MinAtar).",
     "minatar_muzero": "the MuZero agent's minatar defaults (its gym settings on a 10 x 10 ResNet model, with a "
                       "256-wide SimSiam projection) sized from one update's CPU time to run 100K agent steps in "
                       "under an hour on 2 cores (docs/learning/README.md, MinAtar).",
