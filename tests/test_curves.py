@@ -170,3 +170,42 @@ def test_running_mean_counts_towards_a_target_only_once_its_window_is_full(tmp_p
     # 0.9 after 5 episodes is noise: the first full window (100 episodes) is at 3 minutes.
     assert curves.first_reach(run, 0.8) == (3.0, 3000)
     assert curves.first_reach(run, 0.88) == (4.0, 4000)
+
+
+def windowed(frames, means, counts) -> list[dict]:
+    """Rows of training-episode windows: each row's episode_return_mean is over its episodes_in_window."""
+    data = rows(list(range(30, 30 * len(frames) + 1, 30)), frames, means)
+    for row, count in zip(data, counts, strict=True):
+        row["episodes_in_window"] = count
+    return data
+
+
+def test_value_at_is_the_mean_of_the_last_100_training_episodes_by_then(tmp_path):
+    # Windows newest first by 10,000 frames: 3.0 x 40, 2.0 x 50, 1.0 x 30 (stops at >= 100: the 1.0 x 30 window
+    # completes it), and 9.0 x 80 is past 10,000 x 1.02. The empty window (None) adds nothing.
+    data = windowed([2000, 4000, 6000, 7000, 8000, 10_100, 12_000],
+                    [5.0, 0.0, 1.0, None, 2.0, 3.0, 9.0], [500, 20, 30, 0, 50, 40, 80])
+    run = curves.load_run(write_run(tmp_path / "run", data, CONFIG), curves.TRAIN_METRIC)
+    assert curves.value_at(run, 10_000) == pytest.approx((3.0 * 40 + 2.0 * 50 + 1.0 * 30) / 120)
+    # Only windows from the second half of the first K count: at 4,000, the 0.0 x 20 window alone (2,000 is K/2).
+    assert curves.value_at(run, 4000) == pytest.approx(0.0)
+    assert curves.value_at(run, 20_000) is None  # the run stopped at 12,000
+    assert curves.value_at(run, 1000) is None  # no row by then
+    # A running mean over evaluation episodes is read as it is, from the last row by then.
+    key = "eval/return_running_mean_100"
+    run = curves.load_run(write_run(tmp_path / "eval", rows([30, 60], [1000, 2000], [0.5, 0.7], key=key), CONFIG))
+    assert curves.value_at(run, 1500) == 0.5 and curves.value_at(run, 2000) == 0.7
+
+
+def test_cli_at_frames_table_gives_each_run_and_the_mean_over_seeds(tmp_path):
+    a = write_run(tmp_path / "s0", windowed([500, 1000], [1.0, 2.0], [100, 100]), {**CONFIG, "seed": 0})
+    b = write_run(tmp_path / "s1", windowed([500, 1000], [3.0, 4.0], [100, 100]), {**CONFIG, "seed": 1})
+    done = seed_report(["--curves", a, b, "--metric=episode_return_mean", "--at_frames=500,1e3",
+                        f"--out={tmp_path / 'out'}"], str(tmp_path))
+    assert done.returncode == 0, done.stderr[-3000:]
+    text = (tmp_path / "out" / "curves.md").read_text()
+    assert "| s0 | 0 | episode_return_mean | 1.00 | 2.00 |" in text
+    assert "| s1 | 1 | episode_return_mean | 3.00 | 4.00 |" in text
+    assert "mean over 2 runs | | | **2.00** (1.00-3.00) | **3.00** (2.00-4.00) |" in text
+    done = seed_report(["--curves", a, "--at_frames=1e5,lots", f"--out={tmp_path / 'x'}"], str(tmp_path))
+    assert done.returncode == 2 and "--at_frames: got 'lots', expected numbers" in done.stderr

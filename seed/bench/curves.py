@@ -76,6 +76,7 @@ class Run:
     resumed_at_frames: list[int]  # env_frames of the first row of each segment after the first
     final_env_frames: int  # env_frames of the last row (with or without a value)
     total_minutes: float  # wall-clock minutes of the last row
+    window_episodes: np.ndarray | None = None  # [N] episodes_in_window of each row (training episodes), if logged
 
     @property
     def env(self) -> str:
@@ -176,6 +177,8 @@ def load_run(logdir: str, metric: str = "") -> Run:
         resumed_at_frames=[int(rows[i]["env_frames"]) for i in starts],
         final_env_frames=int(rows[-1]["env_frames"]),
         total_minutes=float(minutes[-1]),
+        window_episodes=(np.array([int(rows[i]["episodes_in_window"]) for i in keep], np.int64)
+                         if all(isinstance(rows[i].get("episodes_in_window"), int) for i in keep) else None),
     )
 
 
@@ -198,6 +201,37 @@ def first_reach(run: Run, target: float) -> tuple[float, int] | None:
     return float(run.minutes[i]), int(run.env_frames[i])
 
 
+# Rows up to 2% past K still count at K: a run stops a few frames past its budget (its last batch of steps), and
+# a row is written per log interval, not at K (the MinAtar tables in docs/learning were read this way).
+AT_FRAMES_SLACK = 1.02
+EPISODES_AT = 100
+
+
+def value_at(run: Run, frames: float, episodes: int = EPISODES_AT) -> float | None:
+    """The metric at `frames` env frames, from the rows logged by then (env_frames <= 1.02 x frames); None when
+    the run stopped before `frames` or no row by then has a value.
+
+    `episode_return_mean` is the mean over each row's log window: the windows are combined, newest first and
+    weighted by their episode counts, into the mean of the last `episodes` training episodes that ended by then
+    (whole windows, so it can be a few more), going no further back than frames / 2 (so fewer where fewer
+    episodes ended in the second half of the first `frames`: Freeway's are 2,500 steps). Other metrics (running
+    means over the last 100 evaluation episodes) are the last row's value by then."""
+    if run.final_env_frames * AT_FRAMES_SLACK < frames:
+        return None
+    by_then = np.flatnonzero(run.env_frames <= frames * AT_FRAMES_SLACK)
+    if not len(by_then):
+        return None
+    if run.metric != TRAIN_METRIC or run.window_episodes is None:
+        return float(run.values[by_then[-1]])
+    total, count = 0.0, 0
+    for i in by_then[::-1]:
+        if run.env_frames[i] <= frames / 2 or count >= episodes:
+            break
+        total += float(run.values[i]) * int(run.window_episodes[i])
+        count += int(run.window_episodes[i])
+    return total / count if count else None
+
+
 def targets_for(env: str, requested: tuple[float, ...] | None) -> tuple[float, ...]:
     if requested is not None:
         return requested
@@ -207,8 +241,8 @@ def targets_for(env: str, requested: tuple[float, ...] | None) -> tuple[float, .
     return DEFAULT_TARGETS.get(family, ())
 
 
-def parse_targets(values: list[str]) -> tuple[float, ...] | None:
-    """--targets values -> floats; [] -> None (the per-env defaults)."""
+def parse_numbers(flag: str, values: list[str], example: str = "0.4,0.8") -> tuple[float, ...] | None:
+    """A list flag's values -> floats; [] -> None. An error names the flag and the value."""
     if not values:
         return None
     out = []
@@ -216,8 +250,13 @@ def parse_targets(values: list[str]) -> tuple[float, ...] | None:
         try:
             out.append(float(value))
         except ValueError:
-            raise CurvesError(f"--targets: got {value!r}, expected numbers separated by commas, e.g. 0.4,0.8") from None
+            raise CurvesError(f"{flag}: got {value!r}, expected numbers separated by commas, e.g. {example}") from None
     return tuple(out)
+
+
+def parse_targets(values: list[str]) -> tuple[float, ...] | None:
+    """--targets values -> floats; [] -> None (the per-env defaults)."""
+    return parse_numbers("--targets", values)
 
 
 # ----------------------------------------------------------------------------------------------- grouping
@@ -331,9 +370,33 @@ def reach_cell(run: Run, target: float) -> str:
     return "not reached" if reached is None else f"{reached[0]:.1f} min / {reached[1]:,}"
 
 
-def markdown(sections: list[tuple[str, list[tuple[str, list[Run]]], tuple[float, ...]]]) -> str:
+def at_frames_table(groups: list[tuple[str, list[Run]]], at_frames: tuple[float, ...]) -> list[str]:
+    """Markdown lines: per group, its runs' `value_at` each of `at_frames`, then (several runs) their mean with
+    the min-max in brackets."""
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"
+    lines = ["| run | seed | metric |" + "".join(f" at {k:,.0f} |" for k in at_frames),
+             "|---|---:|---|" + "---:|" * len(at_frames)]
+    for label, runs in groups:
+        values = [[value_at(run, k) for k in at_frames] for run in runs]
+        for run, row in zip(runs, values, strict=True):
+            lines.append(f"| {os.path.basename(os.path.normpath(run.logdir))} | "
+                         f"{'-' if run.seed is None else run.seed} | {run.metric} |"
+                         + "".join(f" {fmt(v)} |" for v in row))
+        if len(runs) > 1:
+            cells = []
+            for column in zip(*values, strict=True):
+                known = [v for v in column if v is not None]
+                cells.append(f" **{fmt(float(np.mean(known)))}** ({fmt(min(known))}-{fmt(max(known))}) |"
+                             if len(known) == len(column) else " - |")
+            lines.append(f"| {label}: mean over {len(runs)} runs | | |" + "".join(cells))
+    return lines
+
+
+def markdown(sections: list[tuple[str, list[tuple[str, list[Run]]], tuple[float, ...]]],
+             at_frames: tuple[float, ...] = ()) -> str:
     """Per env, one row per run: group, seed, metric, segments, final value and env frames, learner minutes,
-    and per target the minutes / env frames when the metric first reached it."""
+    and per target the minutes / env frames when the metric first reached it; with `at_frames`, a second table
+    of each run's value at those env frames (`value_at`)."""
     lines = ["# Learning curves", "",
              "Minutes are the learner's wall-clock running time (segments of a resumed run added up); "
              "frames are env frames (agent steps x action repeat). A target is reached at the first metrics row "
@@ -351,13 +414,19 @@ def markdown(sections: list[tuple[str, list[tuple[str, list[Run]]], tuple[float,
                        f"| {final} | {run.final_env_frames:,} | {run.total_minutes:.1f} |")
                 row += "".join(f" {reach_cell(run, t)} |" for t in targets)
                 lines.append(row)
+        if at_frames:
+            lines += ["", "Value at K env frames: see `value_at` in seed/bench/curves.py (for episode_return_mean, "
+                          "the mean of the last 100 training episodes that ended by K, from the second half of "
+                          "the first K frames).", ""]
+            lines += at_frames_table(groups, at_frames)
     return "\n".join(lines) + "\n"
 
 
 def write_report(logdirs: list[str], out_dir: str, metric: str = "",
-                 targets: tuple[float, ...] | None = None, group_seeds: bool = True) -> tuple[str, list[str]]:
+                 targets: tuple[float, ...] | None = None, group_seeds: bool = True,
+                 at_frames: tuple[float, ...] = ()) -> tuple[str, list[str]]:
     """Reads the runs, writes `curves.md` and one PNG per env into `out_dir`; returns (markdown, paths).
-    `group_seeds`: see `group_runs`."""
+    `group_seeds`: see `group_runs`; `at_frames`: see `at_frames_table`."""
     if not logdirs:
         raise CurvesError("--curves: got no logdirs, expected one or more learner logdirs")
     runs = [load_run(logdir, metric) for logdir in logdirs]
@@ -373,7 +442,7 @@ def write_report(logdirs: list[str], out_dir: str, metric: str = "",
         plot(groups, env, env_targets, path)
         paths.append(path)
         sections.append((env, groups, env_targets))
-    text = markdown(sections)
+    text = markdown(sections, at_frames)
     md_path = os.path.join(out_dir, "curves.md")
     with open(md_path, "w") as f:
         f.write(text)

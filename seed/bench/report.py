@@ -276,8 +276,9 @@ def curves_main(logdirs: list[str]) -> None:
 
     out = os.path.abspath(FLAGS.out or os.path.join("bench_results", "curves"))
     try:
+        at_frames = curves.parse_numbers("--at_frames", FLAGS.at_frames, "1e5,1e6") or ()
         text, paths = curves.write_report(logdirs, out, FLAGS.metric, curves.parse_targets(FLAGS.targets),
-                                          FLAGS.group_seeds)
+                                          FLAGS.group_seeds, at_frames)
     except (curves.CurvesError, OSError) as error:
         print(f"seed-report: {error}", file=sys.stderr)
         sys.exit(2)
@@ -331,6 +332,9 @@ def run() -> None:
                                       "where a run logs it, else episode_return_mean.")
     flags.DEFINE_list("targets", [], "--curves: target values, e.g. 0.4,0.8; default per env (Pong 18, Football "
                                      "0.4,0.8, CartPole-v1 450).")
+    flags.DEFINE_list("at_frames", [], "--curves: also tabulate each run's metric at these env frames, e.g. "
+                                       "1e5,1e6 (for episode_return_mean: the mean of the last 100 training "
+                                       "episodes ended by then; seed/bench/curves.py value_at).")
     flags.DEFINE_bool("group_seeds", True, "--curves: draw runs that differ only in --seed as one mean with a "
                                            "min-max band; false draws every run on its own (runs made under "
                                            "different machine load).")
