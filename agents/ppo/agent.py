@@ -32,6 +32,7 @@ from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
 
 SAMPLE_STEP = "sample_step"  # --deterministic: int64 per-env step counter keying the env's random stream
+PROXIMAL_LOG_PROB = "proximal_log_prob"  # --ppo_decoupled: log pi_prox(a_t|x_t) at the update's start, [T + 1, B]
 
 def default_config(env_family: str) -> dict[str, Any]:
     """Per-env-family defaults (over LearnerConfig's). Every family trains synchronously (`--sync=hts`).
@@ -195,9 +196,13 @@ class PPOAgent(contract.Agent):
         """(advantages [T, B], returns [T, B]) by GAE from the values of the network as it is before this
         rollout's updates (computed once per rollout). Step t pairs action a_t with reward r_{t+1} and
         done_{t+1}; truncation ends the episode like termination (no final observation to bootstrap from)."""
-        c = self.config
         with torch.no_grad():
             _, values = self._run(unrolls)
+        return self._gae(unrolls, values)
+
+    def _gae(self, unrolls: Unroll, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """`targets` from given values [T + 1, B]."""
+        c = self.config
         rewards = loss_rewards(unrolls, c.max_abs_reward)
         discounts = (~unrolls.done[1:]).float() * c.discounting
         return gae(rewards, values[:-1], values[-1], discounts, c.lambda_)
@@ -212,18 +217,15 @@ class PPOAgent(contract.Agent):
         # steps 0..T-1 only. With --ppo_shuffle_steps that halves the rows of every forward and backward.
         logits, values = self._run(Unroll({k: v[:-1] for k, v in unrolls.steps.items()}, unrolls.initial_state,
                                           unrolls.env_id))
-        policy_metrics = {}
-        if self.spec.continuous:
-            action_log_probs, behaviour_log_probs, entropy, policy_metrics = box_log_probs(
-                self.network, logits, unrolls, entropy_grad=c.entropy_cost != 0)
+        action_log_probs, behaviour_log_probs, entropy, policy_metrics = self._log_probs(
+            logits, unrolls, entropy_grad=c.entropy_cost != 0)
+        advantages = advantages if advantages_normalized else normalize(advantages)
+        if PROXIMAL_LOG_PROB in unrolls.steps:  # --ppo_decoupled: clip against the update's starting policy
+            proximal_log_probs = unrolls.steps[PROXIMAL_LOG_PROB][:-1]
+            surrogate = clipped_surrogate_loss(action_log_probs, proximal_log_probs, advantages, c.ppo_clip,
+                                               weights=(proximal_log_probs - behaviour_log_probs).exp())
         else:
-            actions = unrolls.action[:-1].unsqueeze(-1)
-            log_probs = F.log_softmax(logits, -1)
-            action_log_probs = log_probs.gather(-1, actions).squeeze(-1)
-            behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1).gather(-1, actions).squeeze(-1)
-            entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
-        surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs,
-                                           advantages if advantages_normalized else normalize(advantages), c.ppo_clip)
+            surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs, advantages, c.ppo_clip)
         baseline_loss = c.baseline_cost * 0.5 * (returns - values).pow(2).mean()
         total = surrogate.loss + baseline_loss - c.entropy_cost * entropy
         metrics = {
@@ -238,6 +240,20 @@ class PPOAgent(contract.Agent):
             **policy_metrics,
         }
         return LossOutput(total, metrics)
+
+    def _log_probs(self, logits: torch.Tensor, unrolls: Unroll, entropy_grad: bool = True
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, dict[str, float]]:
+        """(log pi(a_t|x_t) [T, B], log mu(a_t|x_t) [T, B] as acted, the entropy (scalar), metrics) from the
+        network's outputs `logits` over steps 0..T-1 of `unrolls` ([T + 1, B, ...]): Box actions' Gaussian means
+        [T, B, D] or Discrete logits [T, B, A]."""
+        if self.spec.continuous:
+            return box_log_probs(self.network, logits, unrolls, entropy_grad=entropy_grad)
+        actions = unrolls.action[:-1].unsqueeze(-1)
+        log_probs = F.log_softmax(logits, -1)
+        action_log_probs = log_probs.gather(-1, actions).squeeze(-1)
+        behaviour_log_probs = F.log_softmax(unrolls.policy_logits[:-1], -1).gather(-1, actions).squeeze(-1)
+        entropy = -(log_probs.exp() * log_probs).sum(-1).mean()
+        return action_log_probs, behaviour_log_probs, entropy, {}
 
     def loss(self, batch: TrainingBatch) -> LossOutput:
         """The PPO loss of the whole batch as one minibatch (the learner uses `train_rollout` instead)."""
@@ -289,11 +305,21 @@ class PPOAgent(contract.Agent):
         """
         c = self.config
         unrolls = batch.unrolls
-        advantages, returns = self.targets(unrolls)
-        # The minibatches carry only what `minibatch_loss` reads: the network's inputs and the behaviour policy.
+        with torch.no_grad():
+            logits, values = self._run(unrolls)
+            advantages, returns = self._gae(unrolls, values)
+            proximal_log_probs, behaviour_log_probs, _, _ = self._log_probs(logits[:-1], unrolls, entropy_grad=False)
+            # How far the acting parameters were behind this update's (HTS acts one update behind): the estimate
+            # mean (w - 1) - log w of KL(mu || pi_prox), w = pi_prox / mu.
+            log_weights = proximal_log_probs - behaviour_log_probs
+            lag_metrics = {"policy/behaviour_lag_kl": float((log_weights.exp() - 1.0 - log_weights).mean())}
+        # The minibatches carry only what `minibatch_loss` reads: the network's inputs and the behaviour policy
+        # (with --ppo_decoupled, the proximal policy too; its bootstrap row is never read).
         behaviour = ACTION_LOG_PROB if self.spec.continuous else "policy_logits"
-        unrolls = Unroll({k: unrolls.steps[k] for k in ("observation", "prev_action", "reward", "done", "action",
-                                                        behaviour)}, unrolls.initial_state, unrolls.env_id)
+        steps = {k: unrolls.steps[k] for k in ("observation", "prev_action", "reward", "done", "action", behaviour)}
+        if c.ppo_decoupled:
+            steps[PROXIMAL_LOG_PROB] = torch.cat([proximal_log_probs, torch.zeros_like(proximal_log_probs[:1])])
+        unrolls = Unroll(steps, unrolls.initial_state, unrolls.env_id)
         parameters = list(self.network.parameters())
         if c.ppo_shuffle_steps:  # every step its own column: the minibatches below then draw single steps
             unrolls, advantages, returns = single_step_columns(unrolls, advantages, returns)
@@ -332,7 +358,7 @@ class PPOAgent(contract.Agent):
                 for key, value in values.items():
                     sums[key] = sums.get(key, 0.0) + value
                 count += 1
-        return {key: value / count for key, value in sums.items()}
+        return {**{key: value / count for key, value in sums.items()}, **lag_metrics}
 
 
 

@@ -18,5 +18,9 @@ class PPOConfig(AgentConfig, NetworkOptions, ActorCriticOptions, InputStatistics
     ppo_shuffle_steps: bool = option(False, "PPO: minibatches of single steps drawn from the whole rollout (CleanRL's "
                                             "shuffle), not whole env columns; needs a network without memory (no "
                                             "LSTM, no frame stack).")
+    ppo_decoupled: bool = option(False, "PPO: clip the ratio against the policy at the start of each update, weighting "
+                                        "each sample by that policy's probability over the behaviour policy's "
+                                        "(Hilton et al. 2022's decoupled objective). HTS acts one update behind, so "
+                                        "the plain ratio starts away from 1.")
     anneal_learning_rate: bool = option(False, "PPO: decay the learning rate linearly from --learning_rate to 0 over "
                                                "--total_environment_frames (CleanRL's anneal_lr).")

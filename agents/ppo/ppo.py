@@ -11,6 +11,13 @@ after step t):
 Clipped surrogate, with ratio_t = pi(a_t|x_t) / mu(a_t|x_t) = exp(log pi - log mu) and epsilon = `clip`:
 
     L_clip = -mean_t min(ratio_t A_t, clip(ratio_t, 1 - epsilon, 1 + epsilon) A_t)
+
+Decoupled (Hilton et al. 2022, "Batch size-invariance for policy optimization"), for data that a policy mu older
+than the update's starting point played (HTS's one-step-delayed acting): the ratio is taken against the
+proximal policy pi_prox (the parameters at the start of this update) and each sample is weighted by
+w_t = pi_prox(a_t|x_t) / mu(a_t|x_t), so that the unclipped term is still pi / mu:
+
+    L_dec = -mean_t w_t min(rho_t A_t, clip(rho_t, 1 - epsilon, 1 + epsilon) A_t),   rho_t = pi / pi_prox
 """
 
 from __future__ import annotations
@@ -66,15 +73,19 @@ class SurrogateLoss(NamedTuple):
 
 
 def clipped_surrogate_loss(log_probs: torch.Tensor, behaviour_log_probs: torch.Tensor, advantages: torch.Tensor,
-                           clip: float) -> SurrogateLoss:
+                           clip: float, weights: torch.Tensor | None = None) -> SurrogateLoss:
     """PPO's clipped surrogate objective, negated to be minimised.
 
     Args:
       log_probs: [...] log pi(a_t|x_t) under the parameters being trained (gradients flow through it).
-      behaviour_log_probs: [...] log mu(a_t|x_t) under the parameters that chose the actions.
+      behaviour_log_probs: [...] log mu(a_t|x_t) under the parameters that chose the actions; for the decoupled
+        objective, log pi_prox(a_t|x_t) under the parameters at the start of the update.
       advantages: [...] A_t (already normalised if wanted; treated as constants).
       clip: epsilon, e.g. 0.2.
+      weights: [...] w_t = pi_prox / mu per sample (the decoupled objective; constants), or None (all 1).
     """
+    if weights is not None and weights.shape != log_probs.shape:
+        raise ValueError(f"weights: got shape {list(weights.shape)}, expected {list(log_probs.shape)} (as log_probs)")
     if not (log_probs.shape == behaviour_log_probs.shape == advantages.shape):
         raise ValueError(f"log_probs, behaviour_log_probs, advantages: got shapes {list(log_probs.shape)}, "
                          f"{list(behaviour_log_probs.shape)}, {list(advantages.shape)}, expected one shape")
@@ -83,7 +94,8 @@ def clipped_surrogate_loss(log_probs: torch.Tensor, behaviour_log_probs: torch.T
     advantages = advantages.detach()
     unclipped = ratio * advantages
     clipped = ratio.clamp(1.0 - clip, 1.0 + clip) * advantages
-    loss = -torch.min(unclipped, clipped).mean()
+    objective = torch.min(unclipped, clipped)
+    loss = -(objective if weights is None else weights.detach() * objective).mean()
     with torch.no_grad():
         clip_fraction = ((ratio - 1.0).abs() > clip).float().mean()
         approx_kl = ((ratio - 1.0) - log_ratio).mean()
