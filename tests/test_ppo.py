@@ -306,3 +306,66 @@ def test_the_loss_network_run_drops_the_bootstrap_row_without_changing_the_other
     assert logits.shape[0] == 5 and full_logits.shape[0] == 6
     torch.testing.assert_close(logits, full_logits[:-1], rtol=1e-6, atol=1e-6)
     torch.testing.assert_close(values_, full_values[:-1], rtol=1e-6, atol=1e-6)
+
+
+def test_decoupled_surrogate_clips_against_the_proximal_policy_and_weights_by_it():
+    """Hilton et al.'s decoupled objective: rho = pi / pi_prox is clipped, each sample weighted by pi_prox / mu."""
+    behaviour = torch.tensor([-1.0, -1.0, -1.0, -1.0])
+    proximal = behaviour + torch.tensor([1.4, 1.4, 0.7, 1.0]).log()  # pi_prox / mu per sample
+    rho = torch.tensor([1.1, 1.3, 0.7, 1.0])  # pi / pi_prox
+    advantages = torch.tensor([1.0, 1.0, -1.0, 2.0])
+    log_probs = (proximal + rho.log()).requires_grad_()
+    out = clipped_surrogate_loss(log_probs, proximal, advantages, clip=0.2, weights=(proximal - behaviour).exp())
+    # w min(rho A, clip(rho) A): 1.4 x 1.1, 1.4 x 1.2 (clipped), 0.7 x -0.8 (clipped), 1.0 x 2.0
+    assert out.loss.item() == pytest.approx(-(1.4 * 1.1 + 1.4 * 1.2 - 0.7 * 0.8 + 2.0) / 4, abs=1e-6)
+    assert out.clip_fraction.item() == pytest.approx(2 / 4)
+    out.loss.backward()
+    # Unclipped samples keep the plain importance-sampled gradient -(pi / mu) A / 4; pi / mu = 1.54 would clip the
+    # first sample in the plain objective (1.54 > 1.2), the decoupled one still trains on it.
+    expected = torch.tensor([-1.4 * 1.1 * 1.0, 0.0, 0.0, -1.0 * 1.0 * 2.0]) / 4
+    torch.testing.assert_close(log_probs.grad, expected)
+    plain = clipped_surrogate_loss(log_probs.detach().requires_grad_(), behaviour, advantages, clip=0.2)
+    plain.loss.backward()
+    assert plain.clip_fraction.item() == pytest.approx(3 / 4)
+    # Where the behaviour is the proximal policy (weights 1) both objectives are the plain one.
+    same = clipped_surrogate_loss(log_probs.detach(), behaviour, advantages, 0.2, weights=torch.ones(4))
+    assert same.loss.item() == pytest.approx(plain.loss.item(), abs=1e-7)
+    with pytest.raises(ValueError, match=r"weights: got shape \[3\], expected \[4\]"):
+        clipped_surrogate_loss(log_probs, behaviour, advantages, 0.2, weights=torch.ones(3))
+
+
+@pytest.mark.parametrize("box", [False, True])
+def test_decoupled_ppo_equals_plain_ppo_on_fresh_data_and_reports_the_acting_lag(tmp_path, box):
+    """With behaviour policies from the network being trained (no lag) --ppo_decoupled makes the same update as
+    plain PPO; acted by an older network (here a perturbed copy) the lag metric is positive and the updates differ."""
+    from tests.test_box_policies import BOX, _acted_batch
+
+    results = {}
+    for decoupled in (False, True):
+        for stale in (False, True):
+            env = "gym:Pendulum-v1" if box else "fake:vector"
+            config = _config(tmp_path, agent="ppo", env=env, ppo_epochs=2, ppo_minibatches=2, sync_every=6,
+                             ppo_decoupled=decoupled)
+            spec = BOX if box else make_spec(config.env, config.env_options())
+            torch.manual_seed(0)
+            agent = Agent(spec, config)
+            trained = {k: v.clone() for k, v in agent.network.state_dict().items()}
+            if stale:
+                with torch.no_grad():
+                    for p in agent.network.parameters():
+                        p.add_(0.05 * torch.randn(p.shape, generator=torch.Generator().manual_seed(p.numel())))
+            if box:
+                batch = _acted_batch(agent, steps=6, envs=config.batch_size)
+            else:
+                batch = _rollout(agent, 6, config.batch_size, torch.Generator().manual_seed(1))
+                with torch.no_grad():
+                    batch.unrolls.steps["policy_logits"] = agent._run(batch.unrolls)[0]
+            agent.network.load_state_dict(trained)
+            optimizer = torch.optim.Adam(agent.network.parameters(), lr=1e-2)
+            metrics = agent.train_rollout(batch, optimizer, 0.5, update=3)
+            results[decoupled, stale] = (torch.cat([p.detach().flatten() for p in agent.network.parameters()]),
+                                         metrics["policy/behaviour_lag_kl"])
+    assert results[False, False][1] == pytest.approx(0.0, abs=1e-5)
+    assert results[True, True][1] > 1e-4
+    torch.testing.assert_close(results[True, False][0], results[False, False][0], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(results[True, True][0], results[False, True][0], atol=1e-5)
