@@ -174,6 +174,7 @@ def test_ppo_defaults_to_hts_with_one_rollout_per_unroll_and_every_env_per_batch
     (dict(agent="ppo", unroll_length=20), "--unroll_length: got 20, expected 32"),
     (dict(agent="ppo", ppo_minibatches=8), "--ppo_minibatches: got 8, expected >= 1 and <= batch_size \\(4\\)"),
     (dict(agent="ppo", sync="sometimes"), "--sync: got 'sometimes', expected hts or async"),
+    (dict(agent="ppo", ppo_value_clip=-0.2), "--ppo_value_clip: got -0.2, expected >= 0"),
     (dict(agent="ppo", ppo_shuffle_steps=True, ppo_minibatches=129),
      "--ppo_minibatches: got 129, expected >= 1 and <= batch_size x unroll_length \\(128\\)"),
     (dict(agent="ppo", ppo_shuffle_steps=True, use_lstm=True), "--ppo_shuffle_steps: got True, expected False with "
@@ -369,3 +370,27 @@ def test_decoupled_ppo_equals_plain_ppo_on_fresh_data_and_reports_the_acting_lag
     assert results[True, True][1] > 1e-4
     torch.testing.assert_close(results[True, False][0], results[False, False][0], rtol=1e-5, atol=1e-6)
     assert not torch.allclose(results[True, True][0], results[False, True][0], atol=1e-5)
+
+
+def test_value_clip_takes_the_larger_error_of_the_clipped_and_unclipped_value(tmp_path):
+    """CleanRL's clip_vloss: 0.5 max((R - V)^2, (R - V_clip)^2), V_clip = V_start + clip(V - V_start, -c, c)."""
+    from seed.agents.ppo.agent import START_VALUE
+
+    config = _config(tmp_path, agent="ppo", env="fake:vector", sync_every=5, ppo_value_clip=0.2)
+    torch.manual_seed(0)
+    agent = Agent(make_spec(config.env, config.env_options()), config)
+    generator = torch.Generator().manual_seed(4)
+    unrolls = _rollout(agent, 5, config.batch_size, generator).unrolls
+    with torch.no_grad():
+        _, values = agent._run(unrolls)
+    start = values + torch.rand(values.shape, generator=generator) - 0.5  # some within 0.2 of V, some not
+    advantages, returns = torch.randn(5, 4, generator=generator), torch.randn(5, 4, generator=generator)
+    clipped_unrolls = Unroll({**unrolls.steps, START_VALUE: start}, unrolls.initial_state, unrolls.env_id)
+    out = agent.minibatch_loss(clipped_unrolls, advantages, returns)
+    v, s = values[:-1], start[:-1]
+    clipped = s + (v - s).clamp(-0.2, 0.2)
+    expected = config.baseline_cost * 0.5 * torch.max((returns - v) ** 2, (returns - clipped) ** 2).mean()
+    assert out.metrics["losses/V"] == pytest.approx(expected.item(), rel=1e-5)
+    plain = agent.minibatch_loss(unrolls, advantages, returns).metrics["losses/V"]
+    assert plain == pytest.approx((config.baseline_cost * 0.5 * ((returns - v) ** 2).mean()).item(), rel=1e-5)
+    assert out.metrics["losses/V"] > plain + 1e-4

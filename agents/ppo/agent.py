@@ -32,6 +32,7 @@ from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
 
 SAMPLE_STEP = "sample_step"  # --deterministic: int64 per-env step counter keying the env's random stream
+START_VALUE = "start_value"  # --ppo_value_clip: V(x_t) at the update's start, [T + 1, B]
 PROXIMAL_LOG_PROB = "proximal_log_prob"  # --ppo_decoupled: log pi_prox(a_t|x_t) at the update's start, [T + 1, B]
 
 def default_config(env_family: str) -> dict[str, Any]:
@@ -90,6 +91,7 @@ class PPOAgent(contract.Agent):
         checks = [
             ("ppo_clip", config.ppo_clip > 0, "> 0"),
             ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
+            ("ppo_value_clip", config.ppo_value_clip >= 0, ">= 0 (0: no clipping)"),
             ("ppo_minibatches", 1 <= config.ppo_minibatches <= most, f">= 1 and {minibatch_limit}"),
             ("ppo_shuffle_steps", not (config.ppo_shuffle_steps and config.use_lstm),
              "False with --use_lstm: an LSTM's steps depend on the steps before them"),
@@ -226,7 +228,12 @@ class PPOAgent(contract.Agent):
                                                weights=(proximal_log_probs - behaviour_log_probs).exp())
         else:
             surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs, advantages, c.ppo_clip)
-        baseline_loss = c.baseline_cost * 0.5 * (returns - values).pow(2).mean()
+        squared_error = (returns - values).pow(2)
+        if START_VALUE in unrolls.steps:  # --ppo_value_clip: the larger error of the clipped and unclipped value
+            start = unrolls.steps[START_VALUE][:-1]
+            clipped = start + (values - start).clamp(-c.ppo_value_clip, c.ppo_value_clip)
+            squared_error = torch.max(squared_error, (returns - clipped).pow(2))
+        baseline_loss = c.baseline_cost * 0.5 * squared_error.mean()
         total = surrogate.loss + baseline_loss - c.entropy_cost * entropy
         metrics = {
             "losses/policy": surrogate.loss.item(),
@@ -314,9 +321,12 @@ class PPOAgent(contract.Agent):
             log_weights = proximal_log_probs - behaviour_log_probs
             lag_metrics = {"policy/behaviour_lag_kl": float((log_weights.exp() - 1.0 - log_weights).mean())}
         # The minibatches carry only what `minibatch_loss` reads: the network's inputs and the behaviour policy
-        # (with --ppo_decoupled, the proximal policy too; its bootstrap row is never read).
+        # (with --ppo_decoupled the proximal policy, with --ppo_value_clip the values; their bootstrap rows are never
+        # read).
         behaviour = ACTION_LOG_PROB if self.spec.continuous else "policy_logits"
         steps = {k: unrolls.steps[k] for k in ("observation", "prev_action", "reward", "done", "action", behaviour)}
+        if c.ppo_value_clip > 0:
+            steps[START_VALUE] = values
         if c.ppo_decoupled:
             steps[PROXIMAL_LOG_PROB] = torch.cat([proximal_log_probs, torch.zeros_like(proximal_log_probs[:1])])
         unrolls = Unroll(steps, unrolls.initial_state, unrolls.env_id)

@@ -22,5 +22,8 @@ class PPOConfig(AgentConfig, NetworkOptions, ActorCriticOptions, InputStatistics
                                         "each sample by that policy's probability over the behaviour policy's "
                                         "(Hilton et al. 2022's decoupled objective). HTS acts one update behind, so "
                                         "the plain ratio starts away from 1.")
+    ppo_value_clip: float = option(0.0, "PPO: keep the value loss's step within +- this of the value at the start of "
+                                        "each update, taking the larger of the clipped and unclipped squared errors "
+                                        "(CleanRL's clip_vloss, which uses the ratio's clip, 0.2); 0: no clipping.")
     anneal_learning_rate: bool = option(False, "PPO: decay the learning rate linearly from --learning_rate to 0 over "
                                                "--total_environment_frames (CleanRL's anneal_lr).")
