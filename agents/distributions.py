@@ -14,6 +14,11 @@ minimum std of 1e-3 (there: softplus + min_std). Above the floor exp(log_std) is
 SAC log-std range [-5, 2] (std >= 6.7e-3) means what it says.
 
 Used by PPO and V-trace on Box actions (agents/ppo, agents/vtrace) and by SAC; a pure module over tensors.
+
+`ClippedNormal` is the alternative PPO and V-trace offer (`--box_policy=clipped`): the same Gaussian mapped
+affinely, a = loc + scale * u, unsquashed; the env clips a into [low, high] (CleanRL's ppo_continuous_action,
+whose Normal samples go through gym's ClipAction). Its density is that of the unclipped sample, which the unroll
+stores: log p(a) = sum_d [ log N(u_d; mean_d, std_d) - log(scale_d) ], u = (a - loc) / scale.
 """
 
 from __future__ import annotations
@@ -113,3 +118,37 @@ class TanhNormal:
         """A one-sample estimate [...] of the entropy, -log p(a) for a reparameterised a ~ p (differentiable;
         the squashed density has no closed-form entropy)."""
         return -self.rsample_with_log_prob()[1]
+
+
+class ClippedNormal(TanhNormal):
+    """A diagonal Gaussian over D dimensions mapped affinely onto the action box without a squash: actions may
+    fall outside [low, high] and the env clips them. Same arguments and methods as TanhNormal."""
+
+    def _log_prob_pre_tanh(self, u: torch.Tensor) -> torch.Tensor:
+        """log p(a) [...] of the unclipped action a = loc + scale u, from u [..., D]."""
+        z = (u - self.mean) / self.std
+        return (-0.5 * z * z - self.std.log() - _LOG_SQRT_2PI - self.scale.log()).sum(-1)
+
+    def rsample_with_log_prob(self, noise: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterised sample: (the unclipped action [..., D], its log density [...])."""
+        if noise is None:
+            noise = torch.randn_like(self.mean)
+        u = self.mean + self.std * noise
+        return self.loc + self.scale * u, self._log_prob_pre_tanh(u)
+
+    def log_prob(self, action: torch.Tensor) -> torch.Tensor:
+        """log p(action) [...] of unclipped actions [..., D] in the env's units."""
+        if action.shape[-1:] != self.mean.shape[-1:]:
+            raise ValueError(f"ClippedNormal.log_prob action: got shape {list(action.shape)}, expected [..., "
+                             f"{self.mean.shape[-1]}]")
+        return self._log_prob_pre_tanh((action - self.loc) / self.scale)
+
+    def mode(self) -> torch.Tensor:
+        """The mean action [..., D], clipped into [low, high] (what the env would play)."""
+        low, high = self.loc - self.scale, self.loc + self.scale
+        return torch.minimum(torch.maximum(self.loc + self.scale * self.mean, low), high)
+
+    def entropy_estimate(self) -> torch.Tensor:
+        """The Gaussian's entropy [...] in closed form (of the unclipped action)."""
+        per_dim = 0.5 + _LOG_SQRT_2PI + self.std.log() + self.scale.log()
+        return per_dim.sum(-1).expand(self.mean.shape[:-1])

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from seed.agents.distributions import TanhNormal
+from seed.agents.distributions import ClippedNormal, TanhNormal
 from seed.agents.networks import orthogonal_init_
 from seed.agents.normalization import ObservationNormalizer
 from seed.agents.torsos import MLPTorso
@@ -56,11 +56,16 @@ class GaussianActorCritic(nn.Module):
       mlp_sizes: hidden sizes of each MLP.
       normalize_observations, observation_clip: the running observation normaliser (buffers `normalizer.*`).
       min_std, initial_log_std: the policy's std floor and starting log std.
+      box_policy: "tanh" (TanhNormal) or "clipped" (ClippedNormal: unsquashed, the env clips).
     """
 
     def __init__(self, spec: EnvSpec, mlp_sizes: tuple[int, ...], normalize_observations: bool,
-                 observation_clip: float = 10.0, min_std: float = 1e-3, initial_log_std: float = 0.0):
+                 observation_clip: float = 10.0, min_std: float = 1e-3, initial_log_std: float = 0.0,
+                 box_policy: str = "tanh"):
         super().__init__()
+        if box_policy not in ("tanh", "clipped"):
+            raise ValueError(f"--box_policy: got {box_policy!r}, expected tanh or clipped")
+        self.distribution_class = TanhNormal if box_policy == "tanh" else ClippedNormal
         check_box_spec(spec)
         size, dims = spec.observation_shape[0], spec.action_shape[0]
         self.normalizer = ObservationNormalizer(size, observation_clip) if normalize_observations else None
@@ -93,7 +98,7 @@ class GaussianActorCritic(nn.Module):
 
     def distribution(self, mean: torch.Tensor) -> TanhNormal:
         """The policy over actions [..., D] in the env's units given the Gaussian means [..., D]."""
-        return TanhNormal(mean, self.log_std, self.action_low, self.action_high, self.min_std)
+        return self.distribution_class(mean, self.log_std, self.action_low, self.action_high, self.min_std)
 
 
 def box_act(network: GaussianActorCritic, batch: InferenceBatch, state: State, config: Any, evaluation: bool,

@@ -60,11 +60,13 @@ class InputStatisticsOptions:
 
 @dataclasses.dataclass
 class BoxPolicyOptions:
-    """The tanh-squashed Gaussian policy on Box action spaces (agents/gaussian_actor_critic.py)."""
+    """The Gaussian policy on Box action spaces (agents/gaussian_actor_critic.py), tanh-squashed by default."""
 
     policy_min_std: float = option(1e-3, "Box actions: the Gaussian's minimum std (SEED's 1e-3).")
     initial_log_std: float = option(0.0, "Box actions: the initial log std, a state-independent parameter "
                                          "(CleanRL's 0).")
+    box_policy: str = option("tanh", "Box actions: tanh (the Gaussian squashed into the bounds, SEED's) or clipped "
+                                     "(unsquashed; the env clips the action, CleanRL's ppo_continuous_action).")
 
 
 def check_input_statistics_options(config: InputStatisticsOptions) -> None:
@@ -73,6 +75,7 @@ def check_input_statistics_options(config: InputStatisticsOptions) -> None:
               ("reward_clip", config.reward_clip > 0, "> 0")]
     if isinstance(config, BoxPolicyOptions):
         checks.append(("policy_min_std", config.policy_min_std > 0, "> 0"))
+        checks.append(("box_policy", config.box_policy in ("tanh", "clipped"), "tanh or clipped"))
     for name, ok, expected in checks:
         if not ok:
             raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")

@@ -116,7 +116,7 @@ def actor_critic_network(spec: EnvSpec, config: Any) -> nn.Module:
                          "Box actor-critic is feed-forward)")
     sizes = tuple(int(s) for s in config.mlp_sizes.split(",") if s)
     return GaussianActorCritic(spec, sizes, config.normalize_observations, config.observation_clip,
-                               config.policy_min_std, config.initial_log_std)
+                               config.policy_min_std, config.initial_log_std, config.box_policy)
 
 
 def reward_scaler(config: Any) -> ReturnScaler | None:
