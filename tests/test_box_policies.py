@@ -264,3 +264,23 @@ def test_published_parameters_carry_the_observation_statistics_to_inference(tmp_
     acted = inference.network(x, None, None, done, {})[0]
     torch.testing.assert_close(acted, trained.network(x, None, None, done, {})[0])
     assert int(inference.network.normalizer.moments.count) == 100
+
+
+@pytest.mark.parametrize("agent_name", ["ppo", "vtrace"])
+def test_the_clipped_box_policy_acts_out_of_the_box_and_its_loss_has_ratios_of_one(tmp_path, agent_name):
+    """--box_policy=clipped: actions are unsquashed Gaussian samples (the env clips), stored with their own
+    density, so the loss on the agent's own rollout sees ratios of exactly 1; an unknown policy is refused."""
+    agent_class = PPOAgent if agent_name == "ppo" else VTraceAgent
+    torch.manual_seed(3)
+    agent = agent_class(BOX, _config(tmp_path, agent_name, box_policy="clipped", initial_log_std=1.0))
+    batch = _acted_batch(agent)
+    actions = batch.unrolls.action
+    low, high = torch.tensor([-1.0, 0.0]), torch.tensor([1.0, 4.0])
+    assert bool(((actions < low) | (actions > high)).any())  # a std of e gives samples beyond the bounds
+    metrics = agent.loss(batch).metrics
+    if agent_name == "ppo":
+        assert metrics["policy/clip_fraction"] == 0.0 and abs(metrics["policy/approx_kl"]) < 1e-6
+    else:
+        assert metrics["vtrace/rho_mean"] == pytest.approx(1.0, abs=1e-6)
+    with pytest.raises(ValueError, match="--box_policy: got 'squashed', expected tanh or clipped"):
+        _config(tmp_path, agent_name, box_policy="squashed")

@@ -152,3 +152,27 @@ def test_given_noise_is_used_instead_of_fresh_draws():
     action, log_prob = dist.rsample_with_log_prob(torch.ones(1, 2, dtype=torch.float64))
     torch.testing.assert_close(action, torch.tensor([[3.523188, 0.328074]], dtype=torch.float64), atol=1e-6, rtol=0)
     torch.testing.assert_close(log_prob, dist.log_prob(action))
+
+
+def test_clipped_normal_is_the_affine_gaussian_of_the_unclipped_action():
+    """--box_policy=clipped: a = loc + scale u, u ~ N(mean, std), unsquashed (the env clips); the density and
+    entropy are the Gaussian's in the env's units, the mode the mean clipped into the box."""
+    from seed.agents.distributions import ClippedNormal
+
+    mean = torch.tensor([[0.3, -2.0], [1.5, 0.1]])
+    log_std = torch.tensor([-0.5, 0.2])
+    low, high = (-1.0, 0.0), (1.0, 4.0)  # loc (0, 2), scale (1, 2)
+    dist = ClippedNormal(mean, log_std, low, high)
+    action, log_prob = dist.rsample_with_log_prob(torch.tensor([[3.0, 0.0], [-1.0, 2.0]]))
+    u = mean + log_std.exp() * torch.tensor([[3.0, 0.0], [-1.0, 2.0]])
+    torch.testing.assert_close(action, torch.tensor([0.0, 2.0]) + torch.tensor([1.0, 2.0]) * u)
+    assert float(action[0, 0]) > 1.0  # outside the box: the env clips it, the density is the sample's
+    reference = torch.distributions.Normal(torch.tensor([0.0, 2.0]) + torch.tensor([1.0, 2.0]) * mean,
+                                           torch.tensor([1.0, 2.0]) * log_std.exp())
+    torch.testing.assert_close(log_prob, reference.log_prob(action).sum(-1))
+    torch.testing.assert_close(dist.log_prob(action), log_prob)
+    torch.testing.assert_close(dist.entropy_estimate(), reference.entropy().sum(-1))
+    # The mode: (0.3, 2 - 4) -> (0.3, 0.0) clipped at low; (1.5, 2.2) -> (1.0, 2.2) clipped at high.
+    torch.testing.assert_close(dist.mode(), torch.tensor([[0.3, 0.0], [1.0, 2.2]]))
+    with pytest.raises(ValueError, match=r"ClippedNormal.log_prob action: got shape \[2, 3\], expected \[..., 2\]"):
+        dist.log_prob(torch.zeros(2, 3))
