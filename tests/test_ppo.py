@@ -175,6 +175,7 @@ def test_ppo_defaults_to_hts_with_one_rollout_per_unroll_and_every_env_per_batch
     (dict(agent="ppo", ppo_minibatches=8), "--ppo_minibatches: got 8, expected >= 1 and <= batch_size \\(4\\)"),
     (dict(agent="ppo", sync="sometimes"), "--sync: got 'sometimes', expected hts or async"),
     (dict(agent="ppo", ppo_value_clip=-0.2), "--ppo_value_clip: got -0.2, expected >= 0"),
+    (dict(agent="ppo", ppo_decoupled_weight_clip=-1.0), "--ppo_decoupled_weight_clip: got -1.0, expected >= 0"),
     (dict(agent="ppo", ppo_shuffle_steps=True, ppo_minibatches=129),
      "--ppo_minibatches: got 129, expected >= 1 and <= batch_size x unroll_length \\(128\\)"),
     (dict(agent="ppo", ppo_shuffle_steps=True, use_lstm=True), "--ppo_shuffle_steps: got True, expected False with "
@@ -394,3 +395,35 @@ def test_value_clip_takes_the_larger_error_of_the_clipped_and_unclipped_value(tm
     plain = agent.minibatch_loss(unrolls, advantages, returns).metrics["losses/V"]
     assert plain == pytest.approx((config.baseline_cost * 0.5 * ((returns - v) ** 2).mean()).item(), rel=1e-5)
     assert out.metrics["losses/V"] > plain + 1e-4
+
+
+def test_decoupled_weights_are_truncated_at_the_weight_clip(tmp_path):
+    """--ppo_decoupled_weight_clip=c: each sample's weight pi_prox / mu is min(w, c) in the surrogate."""
+    from seed.agents.ppo.agent import PROXIMAL_LOG_PROB
+
+    losses = {}
+    for weight_clip in (0.0, 1.0):
+        config = _config(tmp_path, agent="ppo", env="fake:vector", sync_every=5, ppo_decoupled=True,
+                         ppo_decoupled_weight_clip=weight_clip)
+        torch.manual_seed(0)
+        agent = Agent(make_spec(config.env, config.env_options()), config)
+        generator = torch.Generator().manual_seed(5)
+        unrolls = _rollout(agent, 5, config.batch_size, generator).unrolls
+        with torch.no_grad():
+            logits, _ = agent._run(unrolls)
+        actions = unrolls.action[:-1].unsqueeze(-1)
+        proximal = torch.log_softmax(logits[:-1], -1).gather(-1, actions).squeeze(-1)
+        behaviour = torch.log_softmax(unrolls.policy_logits[:-1], -1).gather(-1, actions).squeeze(-1)
+        steps = {**unrolls.steps, PROXIMAL_LOG_PROB: torch.cat([proximal, torch.zeros(1, 4)])}
+        advantages = torch.randn(5, 4, generator=generator)
+        out = agent.minibatch_loss(Unroll(steps, unrolls.initial_state, unrolls.env_id), advantages,
+                                   torch.zeros(5, 4))
+        weights = (proximal - behaviour).exp()
+        if weight_clip:
+            weights = weights.clamp(max=weight_clip)
+        assert bool((weights < (proximal - behaviour).exp()).any()) or not weight_clip
+        # At the update's start rho = 1, so the surrogate is -mean(w A) over the normalised advantages.
+        expected = -(weights * normalize(advantages)).mean()
+        assert out.metrics["losses/policy"] == pytest.approx(expected.item(), rel=1e-5, abs=1e-7)
+        losses[weight_clip] = out.metrics["losses/policy"]
+    assert losses[0.0] != pytest.approx(losses[1.0], abs=1e-6)

@@ -92,6 +92,7 @@ class PPOAgent(contract.Agent):
             ("ppo_clip", config.ppo_clip > 0, "> 0"),
             ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
             ("ppo_value_clip", config.ppo_value_clip >= 0, ">= 0 (0: no clipping)"),
+            ("ppo_decoupled_weight_clip", config.ppo_decoupled_weight_clip >= 0, ">= 0 (0: no truncation)"),
             ("ppo_minibatches", 1 <= config.ppo_minibatches <= most, f">= 1 and {minibatch_limit}"),
             ("ppo_shuffle_steps", not (config.ppo_shuffle_steps and config.use_lstm),
              "False with --use_lstm: an LSTM's steps depend on the steps before them"),
@@ -224,8 +225,11 @@ class PPOAgent(contract.Agent):
         advantages = advantages if advantages_normalized else normalize(advantages)
         if PROXIMAL_LOG_PROB in unrolls.steps:  # --ppo_decoupled: clip against the update's starting policy
             proximal_log_probs = unrolls.steps[PROXIMAL_LOG_PROB][:-1]
+            weights = (proximal_log_probs - behaviour_log_probs).exp()
+            if c.ppo_decoupled_weight_clip > 0:  # V-trace's truncation: a stale tail sample cannot dominate
+                weights = weights.clamp(max=c.ppo_decoupled_weight_clip)
             surrogate = clipped_surrogate_loss(action_log_probs, proximal_log_probs, advantages, c.ppo_clip,
-                                               weights=(proximal_log_probs - behaviour_log_probs).exp())
+                                               weights=weights)
         else:
             surrogate = clipped_surrogate_loss(action_log_probs, behaviour_log_probs, advantages, c.ppo_clip)
         squared_error = (returns - values).pow(2)

@@ -22,6 +22,8 @@ class PPOConfig(AgentConfig, NetworkOptions, ActorCriticOptions, InputStatistics
                                         "each sample by that policy's probability over the behaviour policy's "
                                         "(Hilton et al. 2022's decoupled objective). HTS acts one update behind, so "
                                         "the plain ratio starts away from 1.")
+    ppo_decoupled_weight_clip: float = option(0.0, "PPO with --ppo_decoupled: truncate each sample's weight "
+                                                   "pi_prox / mu at this (V-trace's rho-bar, e.g. 1); 0: none.")
     ppo_value_clip: float = option(0.0, "PPO: keep the value loss's step within +- this of the value at the start of "
                                         "each update, taking the larger of the clipped and unclipped squared errors "
                                         "(CleanRL's clip_vloss, which uses the ratio's clip, 0.2); 0: no clipping.")
