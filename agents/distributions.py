@@ -152,3 +152,7 @@ class ClippedNormal(TanhNormal):
         """The Gaussian's entropy [...] in closed form (of the unclipped action)."""
         per_dim = 0.5 + _LOG_SQRT_2PI + self.std.log() + self.scale.log()
         return per_dim.sum(-1).expand(self.mean.shape[:-1])
+
+
+# --box_policy's choices: the distribution class of each (the option's check and the network both read this).
+BOX_POLICIES: dict[str, type[TanhNormal]] = {"tanh": TanhNormal, "clipped": ClippedNormal}

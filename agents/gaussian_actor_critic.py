@@ -25,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from seed.agents.distributions import ClippedNormal, TanhNormal
+from seed.agents.distributions import BOX_POLICIES, TanhNormal
 from seed.agents.networks import orthogonal_init_
 from seed.agents.normalization import ObservationNormalizer
 from seed.agents.torsos import MLPTorso
@@ -63,9 +63,9 @@ class GaussianActorCritic(nn.Module):
                  observation_clip: float = 10.0, min_std: float = 1e-3, initial_log_std: float = 0.0,
                  box_policy: str = "tanh"):
         super().__init__()
-        if box_policy not in ("tanh", "clipped"):
-            raise ValueError(f"--box_policy: got {box_policy!r}, expected tanh or clipped")
-        self.distribution_class = TanhNormal if box_policy == "tanh" else ClippedNormal
+        if box_policy not in BOX_POLICIES:
+            raise ValueError(f"--box_policy: got {box_policy!r}, expected {' or '.join(BOX_POLICIES)}")
+        self.distribution_class = BOX_POLICIES[box_policy]
         check_box_spec(spec)
         size, dims = spec.observation_shape[0], spec.action_shape[0]
         self.normalizer = ObservationNormalizer(size, observation_clip) if normalize_observations else None

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from seed.agents.distributions import BOX_POLICIES
 from seed.config import option
 
 
@@ -75,7 +76,7 @@ def check_input_statistics_options(config: InputStatisticsOptions) -> None:
               ("reward_clip", config.reward_clip > 0, "> 0")]
     if isinstance(config, BoxPolicyOptions):
         checks.append(("policy_min_std", config.policy_min_std > 0, "> 0"))
-        checks.append(("box_policy", config.box_policy in ("tanh", "clipped"), "tanh or clipped"))
+        checks.append(("box_policy", config.box_policy in BOX_POLICIES, " or ".join(BOX_POLICIES)))
     for name, ok, expected in checks:
         if not ok:
             raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
