@@ -233,6 +233,11 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                 "a policy lag of exactly one update; --agent=ppo's default); async: SEED's "
                                 "asynchronous queue (vtrace, r2d2).")
     sync_every: int = _field(128, "--sync=hts: agent steps per env per rollout (sets --unroll_length).")
+    sync_lag: int = _field(1, "--sync=hts: updates the acting parameters are behind the trained ones. 1: HTS-RL's "
+                              "one-step delay (actors play rollout r + 1 with the parameters of the update on "
+                              "rollout r - 1 while the learner trains on rollout r); 0: synchronous PPO as in "
+                              "CleanRL (actors wait at each sync point for the update on the rollout they just "
+                              "played: acting and training take turns).")
     deterministic: bool = _field(False, "Bit-identical runs for one seed and config on CPU: counter-based action "
                                         "sampling, fixed inference batch composition, deterministic algorithms, "
                                         "seeded minibatch shuffles. Needs --sync=hts.")

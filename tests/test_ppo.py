@@ -174,6 +174,8 @@ def test_ppo_defaults_to_hts_with_one_rollout_per_unroll_and_every_env_per_batch
     (dict(agent="ppo", unroll_length=20), "--unroll_length: got 20, expected 32"),
     (dict(agent="ppo", ppo_minibatches=8), "--ppo_minibatches: got 8, expected >= 1 and <= batch_size \\(4\\)"),
     (dict(agent="ppo", sync="sometimes"), "--sync: got 'sometimes', expected hts or async"),
+    (dict(agent="ppo", sync_lag=2), "--sync_lag: got 2, expected 0 \\(synchronous\\) or 1"),
+    (dict(agent="vtrace", sync_lag=0), "--sync_lag: got 0 with --sync=async, expected 1"),
     (dict(agent="ppo", ppo_value_clip=-0.2), "--ppo_value_clip: got -0.2, expected >= 0"),
     (dict(agent="ppo", ppo_decoupled_weight_clip=-1.0), "--ppo_decoupled_weight_clip: got -1.0, expected >= 0"),
     (dict(agent="ppo", ppo_shuffle_steps=True, ppo_minibatches=129),

@@ -150,18 +150,69 @@ def test_a_gate_waiting_for_the_update_names_the_version(caplog):
     assert "every actor is at the sync point" in message and "policy version 1 (published: 0)" in message, message
 
 
+def test_lag_0_stages_the_boundary_step_and_opens_with_the_update_on_that_rollout():
+    """--sync_lag=0: a request at the sync point is staged (stored, counted as served: it completes the unroll)
+    and answered at the opening, which needs the update on the rollout just played, not the one before."""
+    gate = RolloutGate(np.array([0, 1]), 2, rollout_steps=T, lag=0)
+    assert gate.needed_version == 1  # rollout 1 is played with the update on rollout 0
+    for step in range(T):
+        assert _serve(gate, [0, 1], [step, step]) == [0, 1]
+    assert _serve(gate, [0, 1], [T, T]) == []
+    actors, seqs = gate.take_held()
+    assert actors.tolist() == [0, 1] and seqs.tolist() == [T, T] and not gate.held
+    assert gate.try_open(1) is None  # nothing staged yet: the inference side has not stored the steps
+    assert gate.stage(actors, seqs, np.array([1, 1])).tolist() == [True, True]  # both unrolls of rollout 0 complete
+    assert gate.try_open(0, np.array([1, 1])) is None  # the update on rollout 0 is not published
+    batches = gate.try_open(1, np.array([1, 1]))
+    assert [a.tolist() for a, _ in batches] == [[0, 1]] and [s.tolist() for _, s in batches] == [[T, T]]
+    assert gate.needed_version == 2 and not gate.staged
+    for actor in (0, 1):  # the staged step was the first of rollout 1
+        assert _served_until_held(gate, actor, run=1, first_seq=T + 1) == T - 1
+    gate.stage(*gate.take_held(), np.array([1, 1]))
+    with pytest.raises(RuntimeError, match="expected 2"):
+        gate.try_open(3, np.array([1, 1]))  # the learner cannot be ahead of the rollouts it was given
+
+
+def test_lag_0_a_staged_request_notified_again_is_not_staged_twice_and_a_superseded_one_is_answered_stale():
+    gate = RolloutGate(np.array([0, 1]), 2, rollout_steps=T, lag=0)
+    live = np.array([1, 1])
+    for step in range(T + 1):
+        _serve(gate, [0, 1], [step, step])
+    gate.stage(*gate.take_held(), np.array([1, 1]))
+    assert _serve(gate, [0], [T]) == [] and not gate.held  # a new serving process notifies actor 0's request again
+    live[1] = 2  # actor 1 restarted while its boundary step waits for the update
+    actors, seqs = gate.drop_superseded(live)
+    assert actors.tolist() == [1] and seqs.tolist() == [T] and set(gate.staged) == {0}
+    assert gate.try_open(1, live) is None  # actor 1's new run has not reached the sync point
+    # Its unroll of rollout 0 is complete (the staged step was stored): the new run plays rollout 1 from its
+    # start, so its first step is the one at this sync point.
+    assert _serve(gate, [1], [0], run=2) == [] and set(gate.held) == {1}
+    actors, seqs = gate.take_held()
+    assert gate.stage(actors, seqs, np.array([2])).tolist() == [False]  # a run's first step completes nothing
+    assert [a.tolist() for a, _ in gate.try_open(1, live)] == [[0, 1]]
+
+
 # ------------------------------------------------------------------------------- central inference, hand-driven
 
 
-@pytest.fixture
-def hts_learner(tmp_path):
+def _learner(tmp_path, **flags):
     config = resolve_config(dict(agent="ppo", env="fake:vector", logdir=str(tmp_path), num_actors=2,
                                  envs_per_actor=K, sync_every=T, mlp_sizes="16", inference_batch_size=K,
-                                 server_address=f"unix:{tmp_path}/s", torch_threads=1))
+                                 server_address=f"unix:{tmp_path}/s", torch_threads=1, **flags))
     learner = Learner(config)
     yield learner
     learner.parts.stop_event.set()
     learner._close()
+
+
+@pytest.fixture
+def hts_learner(tmp_path):
+    yield from _learner(tmp_path)
+
+
+@pytest.fixture
+def lag0_learner(tmp_path):
+    yield from _learner(tmp_path, sync_lag=0)
 
 
 class _Run:
@@ -202,6 +253,7 @@ class _Harness:
         self.training = True
         self.version = 0
         self.batches: list[list[int]] = []  # env ids of each trained batch
+        self.acted_with: list[list[int]] = []  # the policy versions of each trained batch's steps [:-1]
         self.parameters = {k: v.clone() for k, v in learner.parts.agent.network.state_dict().items()}
 
     def handshake(self, actor: int, run_id: int) -> _Run:
@@ -242,6 +294,8 @@ class _Harness:
             batch = self.experience.next_batch(0.0 if actors else 0.01)
             if batch is not None:
                 self.batches.append(batch.unrolls.env_id.tolist())
+                unrolls = batch.unrolls
+                self.acted_with.append(sorted(set(unrolls.policy_version[:-1][unrolls.valid[:-1]].tolist())))
                 self.version += 1
                 self.inference.publish(self.parameters, self.version)
 
@@ -259,6 +313,9 @@ class _Harness:
 
     def held(self, *actors: int) -> bool:
         return set(self.gate.held) == set(actors)
+
+    def staged(self, *actors: int) -> bool:
+        return set(self.gate.staged) == set(actors)
 
 
 def _assert_batches_hold_every_env_once(batches: list[list[int]]) -> None:
@@ -354,6 +411,83 @@ def test_unroll_store_failure_at_the_opening_the_run_goes_on(hts_learner):
     h.run_until(lambda: len(h.batches) >= 3, "three rollouts trained")
     assert failures
     _assert_batches_hold_every_env_once(h.batches)
+
+
+def _assert_trained_with_the_parameters_that_played_it(h: _Harness) -> None:
+    """--sync_lag=0: batch i's actions were all chosen by version i, the parameters it trains (so also the steps
+    answered at each opening, which the unroll store completed after storing them)."""
+    assert h.acted_with == [[i] for i in range(len(h.acted_with))], h.acted_with
+
+
+def test_lag_0_every_batch_is_trained_with_the_parameters_that_played_it(lag0_learner):
+    h = _Harness(lag0_learner)
+    runs = [h.start(h.handshake(a, 1)) for a in (0, 1)]
+    h.run_until(lambda: len(h.batches) >= 4, "four rollouts trained")
+    _assert_batches_hold_every_env_once(h.batches)
+    _assert_trained_with_the_parameters_that_played_it(h)
+    assert all(set(run.statuses) == {REPLY_OK} for run in runs)
+
+
+def test_lag_0_staged_actor_restarted_before_the_opening_the_run_goes_on(lag0_learner):
+    """Both actors' boundary steps are staged (their unrolls of rollout 0 complete) when actor 1's restarted
+    process handshakes; the update is published before the new run's first step. The old run is answered
+    stale and the new run plays rollout 1 (not rollout 0 again: its unroll was complete)."""
+    h = _Harness(lag0_learner)
+    old, other = h.start(h.handshake(1, 1)), h.start(h.handshake(0, 1))
+    h.training = False
+    h.run_until(lambda: h.staged(0, 1), "both boundary steps staged")
+    new = h.handshake(1, 2)
+    h.training = True
+    h.run_until(lambda: h.version == 1, "the update on rollout 0 published")
+    for _ in range(20):
+        h.pump()
+    assert h.gate.rollout == 0 and old.statuses == [REPLY_OK] * T + [REPLY_STALE]
+    h.start(new)
+    h.run_until(lambda: len(h.batches) >= 5, "four more rollouts trained after the restart")
+    _assert_batches_hold_every_env_once(h.batches)
+    _assert_trained_with_the_parameters_that_played_it(h)
+    assert set(new.statuses) == {REPLY_OK} and set(other.statuses) == {REPLY_OK}
+
+
+def test_lag_0_serving_process_restart_at_the_sync_point_the_run_goes_on(lag0_learner):
+    h = _Harness(lag0_learner)
+    for a in (0, 1):
+        h.start(h.handshake(a, 1))
+    h.run_until(lambda: h.version == 1, "the update on rollout 0 published")
+    h.training = False
+    h.run_until(lambda: h.staged(0, 1) and h.gate.rollout == 1, "both actors staged at sync point 2")
+    second = [h.handshake(a, 2) for a in (0, 1)]
+    h.runs.clear()  # the old serving process is gone with its streams
+    h.training = True
+    h.run_until(lambda: h.version == 2, "the update on rollout 1 published")
+    for run in second:
+        h.start(run)
+    h.run_until(lambda: len(h.batches) >= 5, "three more rollouts trained after the restart")
+    _assert_batches_hold_every_env_once(h.batches)
+    _assert_trained_with_the_parameters_that_played_it(h)
+    assert all(set(run.statuses) == {REPLY_OK} for run in second)
+
+
+def test_lag_0_unroll_store_failure_at_staging_the_run_goes_on(lag0_learner):
+    """The unroll store fails on the staged steps at sync point 1 that include actor 1's: their unrolls of rollout
+    0 are lost. Those steps are served at once as the first of new runs of rows, which play rollout 0 again."""
+    h = _Harness(lag0_learner)
+    append = h.inference.unroll_store.append
+    failures = []
+
+    def fails_once_at_staging(env_ids, step, state_before, complete=True):
+        if not complete and 2 in env_ids.tolist() and not failures:
+            failures.append(1)
+            raise MemoryError("unroll store full")
+        return append(env_ids, step, state_before, complete=complete)
+
+    h.inference.unroll_store.append = fails_once_at_staging
+    runs = [h.start(h.handshake(a, 1)) for a in (0, 1)]
+    h.run_until(lambda: len(h.batches) >= 3, "three rollouts trained")
+    assert failures
+    _assert_batches_hold_every_env_once(h.batches)
+    _assert_trained_with_the_parameters_that_played_it(h)
+    assert all(set(run.statuses) == {REPLY_OK} for run in runs)
 
 
 def test_an_hts_batch_with_a_second_unroll_of_one_env_is_refused():

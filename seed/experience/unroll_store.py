@@ -11,6 +11,11 @@ prefix before it is zero padding with `valid = False`.
 The state stored with an unroll is the agent state before its first stored step: for the first unroll of
 a fresh env the zero state, afterwards the state snapshotted when the step that becomes index 0 of the next
 unroll (index `unroll_length` of the current one) was processed.
+
+A step may be written in two parts (`--sync_lag=0`'s sync points, seed/inference/rollout_gate.py): `append` with
+`complete=False` writes the fields it is given and zeros for the others (the action and the policy's outputs),
+which may complete and emit an unroll whose bootstrap step that is; `complete_last` later writes the missing
+fields into the envs' last written step, which the emission moved to the front of the next unroll.
 """
 
 from __future__ import annotations
@@ -66,18 +71,25 @@ class UnrollStore:
         for buffer in (*self.initial_state.values(), *self._next_initial_state.values()):
             buffer[env_ids] = 0
 
-    def append(self, env_ids: torch.Tensor, step: dict[str, torch.Tensor], state_before: State) -> list[Unroll]:
+    def append(self, env_ids: torch.Tensor, step: dict[str, torch.Tensor], state_before: State,
+               complete: bool = True) -> list[Unroll]:
         """Writes one step for each env in `env_ids` and returns the unrolls this completed.
 
         Args:
           env_ids: int64 [B], distinct env ids.
           step: field -> [B, ...] values of this step (any device; moved to the host).
           state_before: key -> [B, ...] agent state fed into this step.
+          complete: False: `step` may lack fields of the earlier steps; they are written as zeros until
+            `complete_last` gives them.
         """
         ids = env_ids.cpu().numpy()
         step = {k: v.cpu() for k, v in step.items()}
         if not self.steps:
+            if not complete:
+                raise ValueError("UnrollStore.append: got complete=False before any complete step, expected a "
+                                 "complete step first (it sets the fields and their shapes)")
             self._allocate(step, state_before)
+        missing = () if complete else set(self.steps) - set(step) - {"valid"}
         index = self._write_index[ids]
         snapshot = index == self.unroll_length
         if snapshot.any():
@@ -88,10 +100,27 @@ class UnrollStore:
         views = self._step_views
         for key, value in step.items():
             views[key][ids, index] = value.numpy()
+        for key in missing:
+            views[key][ids, index] = 0
         views["valid"][ids, index] = True
         self._write_index[ids] = index + 1
         full = ids[index + 1 == self.length]
         return self._emit(torch.from_numpy(full)) if len(full) else []
+
+    def complete_last(self, env_ids: torch.Tensor, fields: dict[str, torch.Tensor]) -> None:
+        """Writes `fields` (field -> [B, ...], e.g. the action and outputs an `append(complete=False)` lacked)
+        into the last step written for each env of `env_ids` (int64 [B], distinct)."""
+        ids = env_ids.cpu().numpy()
+        unknown = set(fields) - set(self.steps)
+        if unknown:
+            raise ValueError(f"UnrollStore.complete_last fields: got unknown {sorted(unknown)}, expected some of "
+                             f"{sorted(self.steps)}")
+        index = self._write_index[ids] - 1
+        if (index < 0).any():
+            raise ValueError(f"UnrollStore.complete_last env_ids: got {ids[index < 0].tolist()} with no step "
+                             "written, expected envs with a step to complete")
+        for key, value in fields.items():
+            self._step_views[key][ids, index] = value.cpu().numpy()
 
     def _emit(self, env_ids: torch.Tensor) -> list[Unroll]:
         ids = env_ids.numpy()

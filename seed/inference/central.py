@@ -108,6 +108,7 @@ class _Requests:
     done: np.ndarray
     truncated: np.ndarray
     prev_action: np.ndarray | None = None
+    observation: np.ndarray | None = None  # `--sync_lag=0`'s staged requests only: their own copy [n * K, ...]
 
 
 class _GateBookkeeping:
@@ -182,6 +183,7 @@ class CentralInference:
         self.prev_action = np.zeros((num_envs, *self.action_shape), action_dtype)
         self.parameters = ParameterPublisher(network, device, model.policy_version)
         self.gate = rollout_gate
+        self._staged: dict[int, _Requests] = {}  # --sync_lag=0: actor -> its stored, unanswered boundary step
         self._gating = _GateBookkeeping(rollout_gate, self.parameters)
         # A high-priority stream: inference kernels are scheduled ahead of the training step's waiting blocks.
         self.stream = torch.cuda.Stream(device, priority=-1) if device.type == "cuda" else None
@@ -226,6 +228,10 @@ class CentralInference:
         superseded = self.gate.drop_superseded(self.slab.live_run)
         if len(superseded[0]):
             self._requests(*superseded)
+            for actor in superseded[0].tolist():
+                self._staged.pop(actor, None)
+        if self.gate.lag == 0 and self.gate.held:
+            self._stage(*self.gate.take_held())
         batches = self.gate.try_open(self.parameters.published, self.slab.live_run)
         if batches is None:
             return False
@@ -234,8 +240,71 @@ class CentralInference:
             raise RuntimeError(f"policy version: got {self.parameters.applied} after the sync point, expected "
                                f"{self.gate.needed_version - 1}")
         for actors, seqs in batches:
-            self.run_batch(actors, seqs)
+            if self.gate.lag == 0:
+                self._answer_staged(actors, seqs)
+            else:
+                self.run_batch(actors, seqs)
         return True
+
+    def _stage(self, actors: np.ndarray, seqs: np.ndarray) -> None:
+        """`--sync_lag=0`: stores the held requests' steps (observation, reward, done; no action yet), which
+        completes the actors' unrolls of the rollout that just ended, and keeps their inputs to act on at the
+        opening (`_answer_staged`). A step the unroll store refuses is served at once instead: its actor plays the
+        rollout again from its start, as after any lost step (`_store`)."""
+        actors, seqs, runs = self._requests(actors, seqs)
+        if not len(actors):
+            return
+        requests = self._read(actors, seqs, runs)
+        if requests is None:
+            return
+        b = self._assemble(requests)
+        env_ids = requests.env_ids
+        state_before = self.state_table.gather(torch.from_numpy(env_ids).to(self.device))
+        completed_rollout = self.gate.stage(requests.actors, requests.seqs, requests.runs)
+        observation = self._staging_np[:b].copy()
+        step = {
+            "observation": torch.from_numpy(observation),
+            "reward": torch.from_numpy(requests.reward),
+            "done": torch.from_numpy(requests.done),
+            "truncated": torch.from_numpy(requests.truncated),
+            "prev_action": torch.from_numpy(requests.prev_action),
+            "policy_version": torch.full((b,), self.parameters.applied, dtype=torch.int64),
+        }
+        try:
+            completed = self.unroll_store.append(torch.from_numpy(env_ids), step, state_before, complete=False)
+        except Exception:
+            log.exception("unroll store failed; actors %s start over with fresh rows", requests.actors.tolist())
+            self.actor_run[requests.actors] = 0
+            self.gate.start_over(requests.actors, completed_rollout)
+            for actor in requests.actors.tolist():
+                self.gate.staged.pop(actor, None)
+            self.run_batch(requests.actors, requests.seqs)
+            return
+        for i, actor in enumerate(requests.actors.tolist()):
+            rows = slice(i * self.k, (i + 1) * self.k)
+            self._staged[actor] = _Requests(
+                requests.actors[i:i + 1], requests.seqs[i:i + 1], requests.runs[i:i + 1],
+                requests.arrivals[i:i + 1], env_ids[rows], requests.reward[rows], requests.done[rows],
+                requests.truncated[rows], requests.prev_action[rows], observation=observation[rows])
+        if completed:
+            self.sink(completed)  # may block: back-pressure from the training side
+
+    def _answer_staged(self, actors: np.ndarray, seqs: np.ndarray) -> None:
+        """`--sync_lag=0`, at the opening: acts on the staged steps of `actors` (in actor order) with the new
+        parameters, answers them, and writes the actions and outputs into their stored steps."""
+        staged = [self._staged.pop(actor) for actor in actors.tolist()]
+        requests = _Requests(*(np.concatenate([getattr(r, f.name) for r in staged])
+                               for f in dataclasses.fields(_Requests)))
+        b = len(requests.env_ids)
+        self._staging_np[:b] = requests.observation
+        for name in ("env_ids", "prev_action", "reward", "done"):
+            self._inputs_np[name][:b] = getattr(requests, name)
+        version = self.parameters.applied
+        action, outputs, _ = self._act(b)
+        self._write_back(requests, action)
+        self.on_batch(b, request_latencies_s(time.monotonic(), requests.arrivals))
+        self.unroll_store.complete_last(torch.from_numpy(requests.env_ids), {
+            "action": action, "policy_version": torch.full((b,), version, dtype=torch.int64), **outputs})
 
     def _env_ids(self, actors: np.ndarray) -> np.ndarray:
         """int64 [n * K]: the rows of `actors`, actor by actor."""

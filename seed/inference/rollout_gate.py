@@ -1,8 +1,9 @@
 """HTS-RL's synchronisation point on the inference side (`--sync=hts`).
 
-Every env plays rollouts of T = `--sync_every` steps. Rollout r is acted with the parameters of update r - 1
-(rollout 0 and 1 with the initial ones) while the learner trains on rollout r - 1: a policy lag of exactly one
-update. In this architecture the steps of an actor's K envs arrive together, so the gate counts steps per actor:
+Every env plays rollouts of T = `--sync_every` steps. With `--sync_lag=1` (HTS-RL) rollout r is acted with the
+parameters of update r - 1 (rollout 0 and 1 with the initial ones) while the learner trains on rollout r - 1: a
+policy lag of exactly one update. In this architecture the steps of an actor's K envs arrive together, so the gate
+counts steps per actor:
 
   * an actor whose request is the first step of the next rollout is held (its reply waits);
   * when every actor of this inference device is held and the learner has published the parameters the next
@@ -38,6 +39,16 @@ seed/experience/training_batches.py, should that ever fail.)
 `start_over` does the same for actors whose unrolls in progress were lost (the unroll store failed). A missing
 actor holds everyone: HTS is synchronous. A gate that waits longer than `wait_log_s` says for whom (a warning
 every `wait_log_every_s`).
+
+`--sync_lag=0` (synchronous PPO, as CleanRL's): rollout r + 1 is acted with the update on rollout r itself, so
+the step that opens it cannot be answered before that update, yet it is the bootstrap step the update needs. The
+step is therefore split: a held request is *staged* at once (`take_held`, then `stage` for the ones the inference
+side stored: its observation, reward and done complete unroll r without an action, and it counts as served), and
+is answered at the opening, when the update on rollout r is published, with an action of the new parameters
+(which the inference side then writes into the stored step). The gate opens when every actor's request is staged.
+The rules above hold for staged requests too: a staged request whose run was superseded is answered stale
+(`drop_superseded`); its unroll is complete, so the new run plays the next rollout. A staged request notified
+again (a new serving process) is not staged twice.
 """
 
 from __future__ import annotations
@@ -62,9 +73,13 @@ class RolloutGate:
     """
 
     def __init__(self, actors: np.ndarray, num_actors: int, rollout_steps: int, base_version: int = 0,
-                 actors_per_batch: int = 1 << 30, wait_log_s: float = 5.0, wait_log_every_s: float = 30.0):
+                 actors_per_batch: int = 1 << 30, wait_log_s: float = 5.0, wait_log_every_s: float = 30.0,
+                 lag: int = 1):
         if rollout_steps < 1:
             raise ValueError(f"sync_every: got {rollout_steps}, expected >= 1")
+        if lag not in (0, 1):
+            raise ValueError(f"sync_lag: got {lag!r}, expected 0 or 1")
+        self.lag = lag
         self.actors = np.sort(np.asarray(actors, np.int64))
         self.rollout_steps = rollout_steps
         self.base_version = base_version
@@ -74,6 +89,7 @@ class RolloutGate:
         self.run = np.zeros(num_actors, np.int64)  # the run the counts belong to; 0 = none yet
         self.owed = np.zeros(num_actors, np.int64)  # the first rollout whose unroll the actor index has not given
         self.held: dict[int, tuple[int, int]] = {}  # actor -> (seq, run) of its request at the sync point
+        self.staged: dict[int, tuple[int, int]] = {}  # lag 0: actor -> (seq, run) of a held request stored, unanswered
         self.wait_log_s = wait_log_s
         self.wait_log_every_s = wait_log_every_s
         self._waiting_since: float | None = None  # when try_open first found an actor held at this sync point
@@ -86,8 +102,8 @@ class RolloutGate:
 
     @property
     def needed_version(self) -> int:
-        """The policy version that rollout `rollout + 1` is played with."""
-        return self.base_version + self.rollout
+        """The policy version that rollout `rollout + 1` is played with: the update on rollout `rollout - lag`."""
+        return self.base_version + self.rollout + 1 - self.lag
 
     def admit(self, actors: np.ndarray, seqs: np.ndarray, runs: np.ndarray
               ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -99,6 +115,9 @@ class RolloutGate:
                 self.run[actor] = run
                 self.steps[actor] = self.owed[actor] * self.rollout_steps
                 self.held.pop(actor, None)
+            if self.staged.get(actor) == (seq, run):  # notified again (a new serving process): it waits already
+                keep[i] = False
+                continue
             if self.steps[actor] >= self.boundary:
                 self.held[actor] = (seq, run)
                 keep[i] = False
@@ -122,39 +141,60 @@ class RolloutGate:
         self.steps[actors] = self.owed[actors] * self.rollout_steps
 
     def drop_superseded(self, live_run: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Removes the held requests whose run is no longer its index's live run (`live_run`: int64 [num_actors],
-        the slab's run of each index's latest handshake), so that the sync point waits for the new run instead of
-        counting them. Returns them as (actors, seqs) for the inference side to answer stale: the old run's
-        stream holds the slot until then, so the new run could not send its first step."""
-        actors = [a for a, (_, run) in self.held.items() if run != live_run[a]]
-        seqs = [self.held.pop(a)[0] for a in actors]
+        """Removes the held (and staged) requests whose run is no longer its index's live run (`live_run`: int64
+        [num_actors], the slab's run of each index's latest handshake), so that the sync point waits for the new
+        run instead of counting them. Returns them as (actors, seqs) for the inference side to answer stale: the
+        old run's stream holds the slot until then, so the new run could not send its first step."""
+        actors, seqs = [], []
+        for requests in (self.held, self.staged):
+            gone = [a for a, (_, run) in requests.items() if run != live_run[a]]
+            actors += gone
+            seqs += [requests.pop(a)[0] for a in gone]
         return np.array(actors, np.int64), np.array(seqs, np.int64)
+
+    def take_held(self) -> tuple[np.ndarray, np.ndarray]:
+        """Lag 0: removes the held requests and returns them (actors, seqs), in actor order, for the inference
+        side to store without an action; it calls `stage` with the ones it stored."""
+        actors = np.array(sorted(self.held), np.int64)
+        seqs = np.array([self.held.pop(a)[0] for a in actors.tolist()], np.int64)
+        return actors, seqs
+
+    def stage(self, actors: np.ndarray, seqs: np.ndarray, runs: np.ndarray) -> np.ndarray:
+        """Lag 0: the requests (int64 [n] each) whose boundary steps were stored: they count as served (`stepped`)
+        and wait to be answered at the opening. Returns `stepped`'s bool [n]."""
+        for actor, seq, run in zip(actors.tolist(), seqs.tolist(), runs.tolist(), strict=True):
+            self.staged[actor] = (seq, run)
+        return self.stepped(actors)
 
     def try_open(self, published_version: int, live_run: np.ndarray | None = None, now: float | None = None
                  ) -> list[tuple[np.ndarray, np.ndarray]] | None:
-        """If every actor is held and `published_version` is the one the next rollout needs: moves to the next
-        rollout and returns the held requests as batches of (actors, seqs), in actor order. Else None.
+        """If every actor is held (lag 0: staged) and `published_version` is the one the next rollout needs: moves
+        to the next rollout and returns the held (staged) requests as batches of (actors, seqs), in actor order.
+        Else None.
 
         Call `drop_superseded` first. `live_run` (int64 [num_actors]) and `now` (time.monotonic() seconds) are for
         the warning of a gate that waits: live runs tell a restarted actor from a missing one.
         """
-        if len(self.held) < len(self.actors) or published_version < self.needed_version:
+        waiting = self.staged if self.lag == 0 else self.held
+        if len(waiting) < len(self.actors) or published_version < self.needed_version:
             self._log_wait(published_version, live_run, time.monotonic() if now is None else now)
             return None
         if published_version > self.needed_version:
             raise RuntimeError(f"policy version: got {published_version} published at sync point {self.boundary}, "
-                               f"expected {self.needed_version} (HTS lets the learner run one update ahead only)")
+                               f"expected {self.needed_version} (HTS lets the learner run {self.lag} update(s) "
+                               "ahead only)")
         self.rollout += 1
         self._waiting_since = None
-        actors = np.array(sorted(self.held), np.int64)
-        seqs = np.array([self.held[a][0] for a in actors.tolist()], np.int64)
-        self.held.clear()
+        actors = np.array(sorted(waiting), np.int64)
+        seqs = np.array([waiting[a][0] for a in actors.tolist()], np.int64)
+        waiting.clear()
         n = self.actors_per_batch
         return [(actors[i:i + n], seqs[i:i + n]) for i in range(0, len(actors), n)]
 
     def _log_wait(self, published_version: int, live_run: np.ndarray | None, now: float) -> None:
         """Warns (rate-limited) which actors, or which policy version, a sync point has waited for."""
-        if not self.held:
+        waiting = {**self.held, **self.staged}
+        if not waiting:
             return
         if self._waiting_since is None:
             self._waiting_since, self._next_wait_log = now, now + self.wait_log_s
@@ -163,12 +203,12 @@ class RolloutGate:
             return
         self._next_wait_log = now + self.wait_log_every_s
         waited = now - self._waiting_since
-        missing = [a for a in self.actors.tolist() if a not in self.held]
+        missing = [a for a in self.actors.tolist() if a not in waiting]
         if not missing:
             log.warning("HTS sync point %d (step %d) has waited %.1f s: every actor is at the sync point, waiting "
                         "for policy version %d (published: %d), the learner's update on rollout %d",
                         self.rollout + 1, self.boundary, waited, self.needed_version, published_version,
-                        self.rollout - 1)
+                        self.rollout - self.lag)
             return
         details = [self._whereabouts(a, live_run) for a in missing[:8]]
         if len(missing) > 8:

@@ -216,7 +216,7 @@ def rollout_gate(config: LearnerConfig, device_index: int, num_devices: int, tra
     streams = config.actor_streams  # the gate's "actors" are the slab's slots: one per actor stream
     actors = np.arange(device_index, streams, num_devices)
     per_batch = max(1, config.inference_batch_size // config.envs_per_stream)
-    return RolloutGate(actors, streams, config.sync_every, train_steps, per_batch)
+    return RolloutGate(actors, streams, config.sync_every, train_steps, per_batch, lag=config.sync_lag)
 
 
 def make_experience(config: LearnerConfig, agent: Any, training_device: torch.device,

@@ -156,6 +156,7 @@ def validate(config: LearnerConfig) -> None:
     checks += [
         ("sync", config.sync in ("hts", "async"), "hts or async"),
         ("sync_every", config.sync_every >= 1, ">= 1"),
+        ("sync_lag", config.sync_lag in (0, 1), "0 (synchronous) or 1 (HTS-RL's one-step delay)"),
         ("optimizer", config.optimizer in OPTIMIZERS, " or ".join(OPTIMIZERS)),
         ("max_train_steps", config.max_train_steps >= 0, ">= 0 (0 = no limit)"),
         ("max_policy_lag", config.max_policy_lag >= 0, ">= 0 (0 = no bound)"),
@@ -163,6 +164,9 @@ def validate(config: LearnerConfig) -> None:
     for name, ok, expected in checks:
         if not ok:
             raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
+    if config.sync == "async" and config.sync_lag != 1:
+        raise ValueError(f"--sync_lag: got {config.sync_lag} with --sync=async, expected 1 (the default): it sets the "
+                         "policy lag of --sync=hts")
     if config.sync == "hts" and not type(config).agent_class.supports_sync:
         synchronous = [name for name in registry.names() if registry.agent_class(name).supports_sync]
         raise ValueError(f"--sync=hts: not supported by --agent={config.agent} (it has no synchronous mode); "
