@@ -262,14 +262,7 @@ class CentralInference:
         state_before = self.state_table.gather(torch.from_numpy(env_ids).to(self.device))
         completed_rollout = self.gate.stage(requests.actors, requests.seqs, requests.runs)
         observation = self._staging_np[:b].copy()
-        step = {
-            "observation": torch.from_numpy(observation),
-            "reward": torch.from_numpy(requests.reward),
-            "done": torch.from_numpy(requests.done),
-            "truncated": torch.from_numpy(requests.truncated),
-            "prev_action": torch.from_numpy(requests.prev_action),
-            "policy_version": torch.full((b,), self.parameters.applied, dtype=torch.int64),
-        }
+        step = _observed_fields(requests, torch.from_numpy(observation), self.parameters.applied)
         try:
             completed = self.unroll_store.append(torch.from_numpy(env_ids), step, state_before, complete=False)
         except Exception:
@@ -300,8 +293,13 @@ class CentralInference:
         for name in ("env_ids", "prev_action", "reward", "done"):
             self._inputs_np[name][:b] = getattr(requests, name)
         version = self.parameters.applied
-        action, outputs, _ = self._act(b)
-        self._write_back(requests, action)
+        try:
+            action, outputs, _ = self._act(b)
+            self._write_back(requests, action)
+        except Exception:
+            answered = self.slab.reply_seq[requests.actors] == requests.seqs
+            self._answer(requests.actors[~answered], requests.seqs[~answered], REPLY_FAILED)
+            raise
         self.on_batch(b, request_latencies_s(time.monotonic(), requests.arrivals))
         self.unroll_store.complete_last(torch.from_numpy(requests.env_ids), {
             "action": action, "policy_version": torch.full((b,), version, dtype=torch.int64), **outputs})
@@ -499,16 +497,7 @@ class CentralInference:
         """Appends the batch's step to the unroll store; the unrolls it completed."""
         action, outputs, state_before = acted
         b = len(requests.env_ids)
-        step = {
-            "observation": self._staging[:b],
-            "reward": torch.from_numpy(requests.reward),
-            "done": torch.from_numpy(requests.done),
-            "truncated": torch.from_numpy(requests.truncated),
-            "prev_action": torch.from_numpy(requests.prev_action),
-            "action": action,
-            "policy_version": torch.full((b,), version, dtype=torch.int64),
-            **outputs,
-        }
+        step = {**_observed_fields(requests, self._staging[:b], version), "action": action, **outputs}
         try:
             return self.unroll_store.append(torch.from_numpy(requests.env_ids), step, state_before)
         except Exception:
@@ -532,6 +521,19 @@ class CentralInference:
             self.on_episodes(FinishedEpisodes(ids, table.episode_return[ids].copy(), table.episode_length[ids] - 1))
             table.episode_return[ids] = 0.0
             table.episode_length[ids] = 1
+
+
+def _observed_fields(requests: _Requests, observation: torch.Tensor, version: int) -> dict[str, torch.Tensor]:
+    """The unroll-store fields of the requests' step that do not depend on the action: observation [B, ...],
+    reward, done, truncated, prev_action and policy_version [B] (the parameters' version that acts on it)."""
+    return {
+        "observation": observation,
+        "reward": torch.from_numpy(requests.reward),
+        "done": torch.from_numpy(requests.done),
+        "truncated": torch.from_numpy(requests.truncated),
+        "prev_action": torch.from_numpy(requests.prev_action),
+        "policy_version": torch.full((len(requests.env_ids),), version, dtype=torch.int64),
+    }
 
 
 def serve_inference(inference: CentralInference, batcher: RequestBatcher, stop: threading.Event,
