@@ -90,3 +90,36 @@ def test_envs_in_any_order_and_subsets():
 def test_burn_in_must_be_shorter_than_unroll():
     with pytest.raises(ValueError, match="burn_in: got 5, expected"):
         UnrollStore(num_envs=1, unroll_length=5, burn_in=5)
+
+
+def test_a_step_written_in_two_parts_completes_the_unroll_then_gets_its_action():
+    """--sync_lag=0's sync point: the boundary step is stored without an action (zeros), which emits the unroll;
+    `complete_last` then writes the action into that step, now the first of the next unroll."""
+    store = UnrollStore(num_envs=2, unroll_length=2)
+    ids = torch.tensor([0, 1])
+    for t in (10, 11):
+        assert store.append(ids, {**_step([t, t]), "action": torch.tensor([t, -t])}, _state([t, t])) == []
+    emitted = store.append(ids, _step([12, 12]), _state([12, 12]), complete=False)
+    assert [u.reward.tolist() for u in emitted] == [[10, 11, 12]] * 2
+    assert [u.action.tolist() for u in emitted] == [[10, 11, 0], [-10, -11, 0]]  # the bootstrap step: no action yet
+    store.complete_last(torch.tensor([1, 0]), {"action": torch.tensor([-12, 12])})
+    store.append(ids, {**_step([13, 13]), "action": torch.tensor([13, -13])}, _state([13, 13]))
+    emitted = store.append(ids, {**_step([14, 14]), "action": torch.tensor([14, -14])}, _state([14, 14]))
+    assert [u.action.tolist() for u in emitted] == [[12, 13, 14], [-12, -13, -14]]
+    assert [u.initial_state["h"].item() for u in emitted] == [12.0, 12.0]  # the state fed into the split step
+
+
+def test_partial_steps_and_completions_are_refused_when_they_cannot_fit():
+    store = UnrollStore(num_envs=2, unroll_length=2)
+    with pytest.raises(ValueError, match="complete=False before any complete step"):
+        store.append(torch.tensor([0]), _step([1]), _state([1]), complete=False)
+    store.append(torch.tensor([0]), {**_step([1]), "action": torch.tensor([1])}, _state([1]))
+    with pytest.raises(ValueError, match=r"fields: got unknown \['logits'\]"):
+        store.complete_last(torch.tensor([0]), {"logits": torch.zeros(1)})
+    with pytest.raises(ValueError, match=r"env_ids: got \[1\] with no step written"):
+        store.complete_last(torch.tensor([1]), {"action": torch.tensor([2])})
+    burn_in = UnrollStore(num_envs=1, unroll_length=2, burn_in=1)  # a fresh env writes after its padding
+    burn_in.append(torch.tensor([0]), {**_step([1]), "action": torch.tensor([1])}, _state([1]))
+    burn_in.reset(torch.tensor([0]))
+    with pytest.raises(ValueError, match=r"env_ids: got \[0\] with no step written"):
+        burn_in.complete_last(torch.tensor([0]), {"action": torch.tensor([2])})

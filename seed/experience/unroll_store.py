@@ -116,8 +116,9 @@ class UnrollStore:
             raise ValueError(f"UnrollStore.complete_last fields: got unknown {sorted(unknown)}, expected some of "
                              f"{sorted(self.steps)}")
         index = self._write_index[ids] - 1
-        if (index < 0).any():
-            raise ValueError(f"UnrollStore.complete_last env_ids: got {ids[index < 0].tolist()} with no step "
+        written = (index >= 0) & self._step_views["valid"][ids, np.maximum(index, 0)] if self.steps else index < -1
+        if not written.all():
+            raise ValueError(f"UnrollStore.complete_last env_ids: got {ids[~written].tolist()} with no step "
                              "written, expected envs with a step to complete")
         for key, value in fields.items():
             self._step_views[key][ids, index] = value.cpu().numpy()
