@@ -116,7 +116,8 @@ class UnrollStore:
             raise ValueError(f"UnrollStore.complete_last fields: got unknown {sorted(unknown)}, expected some of "
                              f"{sorted(self.steps)}")
         index = self._write_index[ids] - 1
-        written = (index >= 0) & self._step_views["valid"][ids, np.maximum(index, 0)] if self.steps else index < -1
+        valid = self._step_views.get("valid")  # None before any step
+        written = (index >= 0) & (valid[ids, np.maximum(index, 0)] if valid is not None else False)
         if not written.all():
             raise ValueError(f"UnrollStore.complete_last env_ids: got {ids[~written].tolist()} with no step "
                              "written, expected envs with a step to complete")

@@ -260,19 +260,17 @@ class CentralInference:
         b = self._assemble(requests)
         env_ids = requests.env_ids
         state_before = self.state_table.gather(torch.from_numpy(env_ids).to(self.device))
-        completed_rollout = self.gate.stage(requests.actors, requests.seqs, requests.runs)
         observation = self._staging_np[:b].copy()
         step = _observed_fields(requests, torch.from_numpy(observation), self.parameters.applied)
         try:
             completed = self.unroll_store.append(torch.from_numpy(env_ids), step, state_before, complete=False)
-        except Exception:
+        except Exception:  # the gate has not counted the step: the actors replay the rollout they owe
             log.exception("unroll store failed; actors %s start over with fresh rows", requests.actors.tolist())
             self.actor_run[requests.actors] = 0
-            self.gate.start_over(requests.actors, completed_rollout)
-            for actor in requests.actors.tolist():
-                self.gate.staged.pop(actor, None)
+            self.gate.start_over(requests.actors, np.zeros(len(requests.actors), bool))
             self.run_batch(requests.actors, requests.seqs)
             return
+        self.gate.stage(requests.actors, requests.seqs, requests.runs)
         for i, actor in enumerate(requests.actors.tolist()):
             rows = slice(i * self.k, (i + 1) * self.k)
             self._staged[actor] = _Requests(
