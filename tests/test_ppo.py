@@ -223,6 +223,18 @@ def test_pong_ppo_preset_has_cleanrl_atari_hyperparameters(tmp_path):
     assert (config.entropy_cost, config.grad_clip_norm, config.lambda_) == (0.01, 0.5, 0.95)
 
 
+@pytest.mark.parametrize("flags, minibatches", [
+    (dict(envs_per_actor=1, sync_every=1024), 32),  # single steps: 2 x 1,024 steps split 32 ways, as CleanRL's
+    (dict(envs_per_actor=1, sync_every=8), 16),  # 16 steps in all: one step per minibatch
+    (dict(envs_per_actor=1, sync_every=1024, ppo_shuffle_steps=False), 2),  # whole columns: one env each
+])
+def test_a_presets_minibatch_count_is_capped_by_what_the_rollout_splits_into(tmp_path, flags, minibatches):
+    """hopper_ppo's 32 minibatches are kept with fewer envs when minibatches hold single steps; lowered only to the
+    number of steps (--ppo_shuffle_steps) or env columns (without) the rollout has."""
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "hopper_ppo", **flags})
+    assert config.ppo_minibatches == minibatches
+
+
 def test_train_rollout_is_epochs_times_minibatches_steps_and_repeatable(tmp_path):
     config = _config(tmp_path, agent="ppo", env="fake:vector", ppo_epochs=3, ppo_minibatches=2, sync_every=6)
     spec = make_spec(config.env, config.env_options())

@@ -74,8 +74,14 @@ class PPOAgent(contract.Agent):
 
     @classmethod
     def derive_config(cls, config: Any, explicit: dict[str, Any]) -> None:
-        if config.ppo_minibatches > config.batch_size and "ppo_minibatches" not in explicit:
-            config.ppo_minibatches = config.batch_size  # a default too large for a small run: one env per minibatch
+        """A --ppo_minibatches that was not typed (a default or a preset's) and exceeds what a rollout can split
+        into is lowered to that: whole env columns (batch_size) or, with --ppo_shuffle_steps, single steps
+        (batch_size x unroll_length). With single steps a preset's 32 minibatches stay 32 with fewer envs: capping
+        them at the env count made `hopper_ppo --envs_per_actor=1` train 2 minibatches of 1,024 steps, 16 times
+        fewer gradient steps than CleanRL's layout it was meant to reproduce."""
+        most = config.batch_size * (config.unroll_length if config.ppo_shuffle_steps else 1)
+        if config.ppo_minibatches > most and "ppo_minibatches" not in explicit:
+            config.ppo_minibatches = most
 
     @classmethod
     def check_config(cls, config: Any) -> None:
