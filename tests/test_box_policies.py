@@ -248,6 +248,16 @@ def test_mujoco_ppo_presets_have_cleanrl_s_hyperparameters(tmp_path, name, env):
     assert config.total_environment_frames == 1e6
 
 
+def test_hopper_ppo_is_cleanrl_s_whole_algorithm_in_16_envs(tmp_path):
+    """hopper_ppo adds CleanRL's policy, value clipping and synchronous rollouts to the shared hyperparameters; the
+    other two MuJoCo presets keep the tanh squash and HTS's lag on 64 envs."""
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "hopper_ppo"})
+    assert (config.sync_lag, config.box_policy, config.ppo_value_clip) == (0, "clipped", 0.2)
+    assert (config.num_envs, config.unroll_length, config.ppo_minibatches) == (16, 128, 32)
+    other = resolve_config({"logdir": str(tmp_path / "run"), "preset": "walker2d_ppo"})
+    assert (other.sync_lag, other.box_policy, other.ppo_value_clip, other.num_envs) == (1, "tanh", 0.0, 64)
+
+
 def test_published_parameters_carry_the_observation_statistics_to_inference(tmp_path):
     """The learner publishes the trained network's state dict; inference's copy then normalises the same way
     (the statistics are buffers, so no separate channel carries them)."""
