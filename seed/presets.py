@@ -219,8 +219,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # hyperparameters (_MUJOCO_PPO): its unsquashed Gaussian that the env clips (--box_policy=clipped), its value
     # clipping at 0.2 and its synchronous rollouts (--sync_lag=0: each rollout acted with the update on the one
     # before), as 2 actors x 8 envs x 128 steps (2,048 per rollout; each minibatch 64 single steps). The other two
-    # presets' 64 envs x 32 steps with the tanh squash and HTS's lag made 2,143 over nine Hopper seeds, against
-    # CleanRL's 2,383 (docs/learning, "Hopper: 32 minibatches again").
+    # presets' 64 envs x 32 steps with the tanh squash and HTS's lag made 2,143 over nine Hopper seeds; this one 2,598
+    # over seeds 1-3 and 2,345 over seeds 1-6 in 11 minutes each, against CleanRL's 2,383 (docs/learning, "Hopper: 32
+    # minibatches again").
     "hopper_ppo": dict(_MUJOCO_PPO, env="gym:Hopper-v5", envs_per_actor=8, sync_every=128, sync_lag=0,
                        box_policy="clipped", ppo_value_clip=0.2),
     "halfcheetah_ppo": dict(_MUJOCO_PPO, env="gym:HalfCheetah-v5"),
