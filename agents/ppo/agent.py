@@ -61,6 +61,15 @@ def default_config(env_family: str) -> dict[str, Any]:
     return {}
 
 
+def _minibatch_limit(config: Any) -> tuple[int, str]:
+    """(the most minibatches a rollout splits into, that limit as the refusal states it): B env columns, or with
+    --ppo_shuffle_steps its B x T single steps."""
+    if config.ppo_shuffle_steps:
+        most = config.batch_size * config.unroll_length
+        return most, f"<= batch_size x unroll_length ({most}): a minibatch holds single steps (--ppo_shuffle_steps)"
+    return config.batch_size, f"<= batch_size ({config.batch_size}): a minibatch holds whole env columns"
+
+
 class PPOAgent(contract.Agent):
     """HTS-RL's PPO: samples its policy when acting; each update is epochs of minibatches over one rollout."""
 
@@ -79,7 +88,7 @@ class PPOAgent(contract.Agent):
         (batch_size x unroll_length). With single steps a preset's 32 minibatches stay 32 with fewer envs: capping
         them at the env count made `hopper_ppo --envs_per_actor=1` train 2 minibatches of 1,024 steps, 16 times
         fewer gradient steps than CleanRL's layout it was meant to reproduce."""
-        most = config.batch_size * (config.unroll_length if config.ppo_shuffle_steps else 1)
+        most, _ = _minibatch_limit(config)
         if config.ppo_minibatches > most and "ppo_minibatches" not in explicit:
             config.ppo_minibatches = most
 
@@ -87,13 +96,7 @@ class PPOAgent(contract.Agent):
     def check_config(cls, config: Any) -> None:
         check_network_options(config)
         check_input_statistics_options(config)
-        if config.ppo_shuffle_steps:  # a minibatch holds single steps: at most all of the rollout's
-            most = config.batch_size * config.unroll_length
-            minibatch_limit = (f"<= batch_size x unroll_length ({most}): a minibatch holds single steps "
-                               "(--ppo_shuffle_steps)")
-        else:
-            most = config.batch_size
-            minibatch_limit = f"<= batch_size ({most}): a minibatch holds whole env columns"
+        most, minibatch_limit = _minibatch_limit(config)
         checks = [
             ("ppo_clip", config.ppo_clip > 0, "> 0"),
             ("ppo_epochs", config.ppo_epochs >= 1, ">= 1"),
