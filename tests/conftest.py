@@ -2,19 +2,36 @@
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 
-import pytest
-import torch
+# The tests compile the MuZero search with a Numba cache of their own, made fresh for each session, so an edit is
+# always what runs. Numba's on-disk cache (__pycache__ beside the modules, which runs outside the tests keep using)
+# checks only the source file of the function it loads: an edit to compiled_tree.py, whose functions
+# compiled_puct.py and compiled_gumbel.py call, would leave their cached machine code running the old tree code.
+# Numba reads the variable when it is imported, so this comes before any import that may import it; the learners
+# and actors the tests start inherit it. pytest-xdist workers inherit the controller's directory (one compile per
+# session, not per worker); only the process that made it removes it.
+_NUMBA_CACHE_OWNER = "SEED_TESTS_NUMBA_CACHE_DIR"
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get(_NUMBA_CACHE_OWNER):
+    os.environ["NUMBA_CACHE_DIR"] = os.environ[_NUMBA_CACHE_OWNER]
+else:
+    os.environ["NUMBA_CACHE_DIR"] = os.environ[_NUMBA_CACHE_OWNER] = tempfile.mkdtemp(prefix="seed-tests-numba-")
+    atexit.register(shutil.rmtree, os.environ["NUMBA_CACHE_DIR"], ignore_errors=True)
 
-from seed.config import torch_threads
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from seed.config import torch_threads  # noqa: E402
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
