@@ -232,3 +232,67 @@ def test_graphed_policy_captures_muzero_act():
         torch.testing.assert_close(out_graph["search_policy"][evaluating], out_eager["search_policy"][evaluating],
                                    rtol=1e-5, atol=1e-5)
     assert len(graphed.graphs) >= 2
+
+
+def test_captures_in_one_thread_while_another_replays_for_200_rounds():
+    """The race that killed the learner on an H200 (inference captured `act` while training replayed reanalysis's
+    graphed search): one thread captures a graph of a new shape each round, another replays its graph, a third
+    draws random numbers eagerly, for 200 rounds, with every draw going through the process's graph lock
+    (seed/runtime/cuda_graphs.py). No thread may fail, and each replayed graph still draws fresh numbers."""
+    import threading
+
+    from seed.runtime.cuda_graphs import capture_graph, graph_use
+
+    device = torch.device("cuda:0")
+    rounds, failures = 200, []
+
+    def guarded(fn):
+        def run():
+            try:
+                fn()
+            except BaseException as error:  # noqa: BLE001 - reported by the assertion below
+                failures.append(f"{threading.current_thread().name}: {type(error).__name__}: {error}")
+        return threading.Thread(target=run, name=fn.__name__)
+
+    def make_graph(n: int):
+        static = torch.zeros(n, device=device)
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with graph_use(), torch.cuda.stream(side):
+            (static + torch.rand(n, device=device)).sum()  # warm-up
+        torch.cuda.current_stream(device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with capture_graph(graph):
+            out = (static + torch.rand(n, device=device)) * 2
+        return graph, out
+
+    replay_graph, replay_out = make_graph(1024)
+    draws = []
+
+    def replayer():
+        for _ in range(rounds):
+            with graph_use():
+                replay_graph.replay()
+                draws.append(replay_out[:4].clone())
+            torch.cuda.current_stream(device).synchronize()
+
+    def capturer():
+        for k in range(rounds):
+            graph, _ = make_graph(64 + k)  # a new shape: a new capture every round
+            with graph_use():
+                graph.replay()
+
+    def eager_sampler():
+        for _ in range(rounds):
+            with graph_use():
+                torch.randn(256, device=device).sum().item()
+
+    threads = [guarded(f) for f in (replayer, capturer, eager_sampler)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+        assert not t.is_alive(), f"{t.name} still runs after 300 s"
+    assert failures == []
+    assert len(draws) == rounds
+    assert not torch.equal(draws[0], draws[-1]), "replays drew the same random numbers every time"

@@ -13,7 +13,8 @@ One graph per (network, stacked shape and dtype), captured on the first call of 
 stream (lazy initialisation, cuDNN's algorithm choice). A graph reads the network's parameters where they are: the
 network must be updated in place (`load_state_dict`, optimizer steps), as the agent's target network is. Random
 draws (root noise, Gumbel noise, sampled actions) come from the device's default generator, which graphs advance
-on every replay.
+on every replay: captures and replays take the process's graph lock (seed/runtime/cuda_graphs.py), as every graph
+of the framework does, so a capture in one thread never meets a replay or a random draw in another.
 
 The framework captures the agent's `act` the same way (seed/inference/forward_pass.py, --cuda_graphs); this class
 is for the searches it does not capture: reanalysis in the training process.
@@ -27,6 +28,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from seed.runtime.cuda_graphs import capture_graph, graph_use
 
 # (network, stacked observations [B, S, *frame], evaluate [B] bool) -> the search's SearchOutput
 SearchFunction = Callable[[nn.Module, torch.Tensor, torch.Tensor], Any]
@@ -57,25 +60,26 @@ class GraphedSearch:
         captured = self.graphs.get(key)
         if captured is None or captured.network is not network:
             captured = self.graphs[key] = self._capture(network, stacked, evaluate)
-        captured.stacked.copy_(stacked)
-        captured.evaluate.copy_(evaluate)
-        captured.graph.replay()
-        out = captured.output
-        # the graph's outputs are overwritten by the next replay: the caller gets copies (the tree stays static)
-        return dataclasses.replace(out, action=out.action.clone(), action_weights=out.action_weights.clone(),
-                                   root_value=out.root_value.clone(), visit_counts=out.visit_counts.clone())
+        with graph_use():
+            captured.stacked.copy_(stacked)
+            captured.evaluate.copy_(evaluate)
+            captured.graph.replay()
+            out = captured.output
+            # the graph's outputs are overwritten by the next replay: the caller gets copies (the tree stays static)
+            return dataclasses.replace(out, action=out.action.clone(), action_weights=out.action_weights.clone(),
+                                       root_value=out.root_value.clone(), visit_counts=out.visit_counts.clone())
 
     def _capture(self, network: nn.Module, stacked: torch.Tensor, evaluate: torch.Tensor) -> _Captured:
         static_stacked, static_evaluate = stacked.clone(), evaluate.clone()
         device = stacked.device
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side), torch.no_grad():
-            for _ in range(2):  # warm-up outside the graph
+        with graph_use(), torch.cuda.stream(side), torch.no_grad():
+            for _ in range(2):  # warm-up outside the graph (draws random numbers: a shared hold)
                 self.search_fn(network, static_stacked, static_evaluate)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with capture_graph(graph, pool=self._pool):  # exclusive: no other thread replays or draws meanwhile
             output = self.search_fn(network, static_stacked, static_evaluate)
         self._pool = graph.pool()
         return _Captured(network, graph, static_stacked, static_evaluate, output)

@@ -6,7 +6,8 @@ inference step costs on a GPU. Batches are padded to a power-of-two number of ac
 actors); padded rows use the state table's scratch row, so they never touch a real env.
 
 Both take host tensors (pinned on GPUs), copy them to the device once, and copy actions and outputs back once,
-synchronising only on that copy.
+synchronising only on that copy. Captures, replays and eager steps take the process's graph lock
+(seed/runtime/cuda_graphs.py): the training thread captures and replays graphs too (MuZero's reanalysis).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from seed.contracts import InferenceBatch, State
 from seed.inference.state_table import StateTable
+from seed.runtime.cuda_graphs import capture_graph, graph_use
 
 PolicyResult = tuple[torch.Tensor, dict[str, torch.Tensor], State]
 """(actions int64 [B] (Box: float32 [B, D]) on the host, outputs {name: [B, ...]} on the host, state before the
@@ -77,7 +79,7 @@ class EagerPolicy:
     def __call__(self, inputs: InferenceBatch) -> PolicyResult:
         cuda = self.device.type == "cuda"
         on_device = inputs.to(self.device, non_blocking=True) if cuda else inputs
-        with torch.no_grad():
+        with torch.no_grad(), graph_use():  # on a GPU the agent may draw random numbers: never during a capture
             action, outputs, state = self._act(self.agent, self.network, self.table, on_device)
         action = self._results.copy("action", action)
         outputs = {k: self._results.copy(k, v) for k, v in outputs.items()}
@@ -123,12 +125,12 @@ class GraphedPolicy:
             done=torch.ones(rows, dtype=torch.bool, device=device))
         side = torch.cuda.Stream(device)
         side.wait_stream(torch.cuda.current_stream(device))
-        with torch.cuda.stream(side), torch.no_grad():
+        with graph_use(), torch.cuda.stream(side), torch.no_grad():
             for _ in range(2):  # warm-up outside the graph (lazy initialisation, cuDNN autotuning); scratch rows only
                 _run_act(self.agent, self.network, self.table, static)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+        with capture_graph(graph, pool=self._pool):  # exclusive: no other thread replays or draws meanwhile
             action, outputs, state = _run_act(self.agent, self.network, self.table, static)
         self._pool = graph.pool()
         return _Captured(graph, static, action, outputs, state)
@@ -146,7 +148,8 @@ class GraphedPolicy:
         static.env_ids.copy_(env_ids, non_blocking=True)
         for name in ("observation", "prev_action", "reward", "done"):
             getattr(static, name)[:rows].copy_(getattr(inputs, name), non_blocking=True)
-        captured.graph.replay()
+        with graph_use():
+            captured.graph.replay()
         action = self._results.copy("action", captured.action[:rows])
         outputs = {k: self._results.copy(k, v[:rows]) for k, v in captured.outputs.items()}
         torch.cuda.current_stream(self.device).synchronize()

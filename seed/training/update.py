@@ -14,6 +14,7 @@ import torch
 from seed.config import LearnerConfig
 from seed.contracts.agent import Agent, UpdateStep
 from seed.contracts.training import TrainingBatch, Unroll
+from seed.runtime.cuda_graphs import graph_use
 from seed.training.data_parallel import Shard, synchronise_batch_norm
 from seed.training.optimizer_stats import adam_step_fraction
 
@@ -49,7 +50,8 @@ def train_on_batch(agent: Agent, optimizer: torch.optim.Optimizer, batch: Traini
         return StepResult(False, {})
     if shard is not None:  # batch norm over every rank's share (a no-op after the first update)
         synchronise_batch_norm(agent.network)
-    output = agent.update(batch, optimizer, UpdateStep(train_steps, config.grad_clip_norm, shard))
+    with graph_use():  # on a GPU: no random draw or graph replay while another thread captures a graph
+        output = agent.update(batch, optimizer, UpdateStep(train_steps, config.grad_clip_norm, shard))
     values, priorities = output.values, output.priorities
     values["policy_lag_updates"] = lag
     if train_steps % OPTIMIZER_STATS_EVERY == 0:  # a pass over every weight's state: sample it
