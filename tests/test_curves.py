@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from seed.bench import curves
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 from tests.conftest import REPO
 
 CONFIG = {"agent": "vtrace", "env": "gym:CartPole-v1", "learning_rate": 0.001, "batch_size": 16,
@@ -40,8 +40,9 @@ def rows(times, frames, values, key="episode_return_mean") -> list[dict]:
                                                                                            strict=True)]
 
 
-# Seed 0: 3 minutes of learning, killed, resumed from a checkpoint at 2,500 frames (time_s restarts), and
-# reaching 450 at 90 s into the second segment: 180 + 90 = 270 s = 4.5 minutes, at 4,000 frames.
+# Seed 0: 3 minutes of learning, killed, resumed from a checkpoint at 2,500 frames or fewer (time_s restarts; the
+# row at 3,000 frames was replaced), and reaching 450 at 90 s into the second segment: 180 + 90 = 270 s = 4.5
+# minutes, at 4,000 frames.
 RESUMED = rows([60, 120, 180, 30, 90], [1000, 2000, 3000, 2500, 4000], [100, None, 300, 350, 460])
 SEED1 = rows([60, 120, 180, 240, 300], [1000, 2000, 3000, 4000, 5000], [120, 220, 320, 420, 440])
 
@@ -59,12 +60,15 @@ def three_runs(tmp_path):
 def test_minutes_continue_across_a_resume(three_runs):
     run = curves.load_run(three_runs[0])
     assert run.metric == "episode_return_mean"
-    assert run.minutes.tolist() == [1.0, 3.0, 3.5, 4.5]  # the row without a value (2.0 min) is skipped
-    assert run.env_frames.tolist() == [1000, 3000, 2500, 4000]
+    # The row without a value (2.0 min) is skipped, the one the restart replaced (3,000 frames, 3.0 min) left out;
+    # its minutes still count in the second segment's.
+    assert run.minutes.tolist() == [1.0, 3.5, 4.5]
+    assert run.env_frames.tolist() == [1000, 2500, 4000]
     assert run.resumed_at_frames == [2500]
     assert (run.final_env_frames, run.total_minutes, run.final_value) == (4000, 4.5, 460.0)
     assert curves.first_reach(run, 450) == (4.5, 4000)
-    assert curves.first_reach(run, 300) == (3.0, 3000)  # >= counts
+    assert curves.first_reach(run, 350) == (3.5, 2500)  # >= counts
+    assert curves.first_reach(run, 300) == (3.5, 2500)  # not at 3,000 frames: the restart replaced that row
     assert curves.first_reach(run, 461) is None
 
 
@@ -150,7 +154,8 @@ def test_cli(three_runs, tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     out = tmp_path / "bench_results" / "curves"
     table = [line for line in (out / "curves.md").read_text().splitlines() if line.startswith(f"| {three_runs[0]}")]
-    assert table[0].endswith("| 1.0 min / 1,000 | 3.0 min / 3,000 |")  # seed 0 reaches 0.4 at once, 300 at 3 min
+    # Seed 0 reaches 0.4 at once, 300 after the restart (its 300 at 3,000 frames was replaced).
+    assert table[0].endswith("| 1.0 min / 1,000 | 3.5 min / 2,500 |")
     assert (out / "curves_gym_CartPole-v1.png").stat().st_size > 10_000
     empty = tmp_path / "empty"
     empty.mkdir()
@@ -195,6 +200,59 @@ def test_value_at_is_the_mean_of_the_last_100_training_episodes_by_then(tmp_path
     key = "eval/return_running_mean_100"
     run = curves.load_run(write_run(tmp_path / "eval", rows([30, 60], [1000, 2000], [0.5, 0.7], key=key), CONFIG))
     assert curves.value_at(run, 1500) == 0.5 and curves.value_at(run, 2000) == 0.7
+
+
+def test_value_at_stops_at_exactly_100_episodes(tmp_path):
+    """Windows of 60 and 40 episodes make exactly 100: the older window of 50 (in the second half of the first
+    10,000 frames) does not count. Seen failing with `count > 100` (it added the 9.0 x 50 window: 4.07)."""
+    data = windowed([6000, 8000, 10_000], [9.0, 1.0, 2.0], [50, 40, 60])
+    run = curves.load_run(write_run(tmp_path / "run", data, CONFIG), curves.TRAIN_METRIC)
+    assert curves.value_at(run, 10_000) == pytest.approx((2.0 * 60 + 1.0 * 40) / 100)
+    assert curves.value_at(run, 10_000, episodes=101) == pytest.approx((2.0 * 60 + 1.0 * 40 + 9.0 * 50) / 150)
+
+
+def counted(frames, means, counts, updates) -> list[dict]:
+    """`windowed` rows with the learner's counters: cumulative episodes and train steps, and the window's."""
+    data = windowed(frames, means, counts)
+    for row, count, steps in zip(data, counts, updates, strict=True):
+        row.update(episodes_in_window=count, window_train_steps=steps)
+    return data
+
+
+def resumed(first: list[dict], second: list[dict], checkpoint_counters: tuple[int, int]) -> list[dict]:
+    """The rows of a run that restarted from a checkpoint holding (episodes, train steps): each segment's counters
+    run on from where it started, its time_s from 0."""
+    rows = []
+    for segment, (episodes, train_steps) in ((first, (0, 0)), (second, checkpoint_counters)):
+        for row in segment:
+            episodes += row["episodes_in_window"]
+            train_steps += row["window_train_steps"]
+            rows.append({**row, "episodes": episodes, "train_steps": train_steps})
+    return rows
+
+
+def test_rows_a_restart_replaced_do_not_count(tmp_path):
+    """A run logged rows at 1,000 - 3,500 frames (mean return 1.0, 25 episodes a window), crashed, and restarted
+    from its checkpoint at 2,000 frames (50 episodes, 20 updates): the restart's rows at 3,000 and 4,000 frames
+    (2.0) replace the first segment's at 2,500 (more episodes than the checkpoint held, though fewer frames than
+    the restart's first row) and 3,500. At 4,000 frames the last training episodes (second half) are the restart's
+    50, mean 2.0; seen failing before the fix: 1.5, the replaced episodes counted too. A restart from the last
+    row's counters (a clean stop) replaces nothing."""
+    first = counted([1000, 2000, 2500, 3500], [1.0] * 4, [25] * 4, [10, 10, 5, 10])
+    second = counted([3000, 4000], [2.0, 2.0], [25, 25], [10, 10])
+    data = resumed(first, second, (50, 20))
+    run = curves.load_run(write_run(tmp_path / "crashed", data, CONFIG), curves.TRAIN_METRIC)
+    assert curves.value_at(run, 4000) == pytest.approx(2.0)
+    assert run.env_frames.tolist() == [1000, 2000, 3000, 4000] and run.values.tolist() == [1.0, 1.0, 2.0, 2.0]
+    assert run.resumed_at_frames == [3000]
+    assert run.minutes.tolist() == [0.5, 1.0, 2.5, 3.0]  # the replaced rows' 2 minutes stay spent
+    assert curves.first_reach(run, 1.5) == (2.5, 3000)
+    assert curves.replaced_rows(data, [4]).tolist() == [False, False, True, True, False, False]
+
+    clean = resumed(first, counted([4500], [2.0], [25], [10]), (100, 35))
+    run = curves.load_run(write_run(tmp_path / "stopped", clean, CONFIG), curves.TRAIN_METRIC)
+    assert run.env_frames.tolist() == [1000, 2000, 2500, 3500, 4500]
+    assert curves.value_at(run, 4500) == pytest.approx((2.0 * 25 + 1.0 * 50) / 75)  # windows past 2,250 frames
 
 
 def test_cli_at_frames_table_gives_each_run_and_the_mean_over_seeds(tmp_path):

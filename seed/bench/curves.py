@@ -14,7 +14,9 @@ reached each target ("not reached" otherwise), the final value and the final env
   env_frames continue from the checkpoint. A row whose time_s is below the previous row's starts a new segment;
   a segment's times are offset by the last time_s of the segments before it. Wall-clock minutes are therefore
   the learner's own running time: the downtime between a crash and the restart is not in the logs and is not
-  counted.
+  counted. A restart from a checkpoint older than the last rows before it (a crash between two checkpoints) plays
+  their frames again: the rows logged after that checkpoint were replaced (`replaced_rows`) and are left out of the
+  curve, the targets and the values at K frames (their minutes stay in the segment offsets: the learner spent them).
 - Seeds: runs whose configuration is the same except for the seed and the logdir (read from
   `<logdir>/config.json`, else from the checkpoint's saved configuration) form one group, drawn as the mean
   over its runs with a min-max band (runs interpolated onto a common grid over the range all of them cover).
@@ -64,7 +66,8 @@ class CurvesError(ValueError):
 
 @dataclasses.dataclass
 class Run:
-    """One logdir's curve. Arrays are [N], one entry per metrics row that has a value for `metric`."""
+    """One logdir's curve. Arrays are [N], one entry per metrics row that has a value for `metric` and that no
+    restart replaced (`replaced_rows`)."""
 
     logdir: str
     metric: str
@@ -129,6 +132,26 @@ def wall_minutes(time_s: list[float]) -> tuple[np.ndarray, list[int]]:
     return minutes, starts
 
 
+def replaced_rows(rows: list[dict[str, Any]], starts: list[int]) -> np.ndarray:
+    """Which rows a restart replaced, bool [N]: the rows of the segments before each segment start (`starts`, as
+    `wall_minutes` gives them) logged after the checkpoint that segment resumed from, whose frames and episodes it
+    played again. A row was logged after the checkpoint when it counts more env frames than the segment's first row,
+    or more episodes or updates than the checkpoint held: the first row's counter less its window's (episodes -
+    episodes_in_window, train_steps - window_train_steps; the counters resume from the checkpoint, the window from
+    the restart), where the row has them."""
+    replaced = np.zeros(len(rows), bool)
+    for start in starts:
+        first = rows[start]
+        resumed_from = {"env_frames": first["env_frames"]}
+        for counter, window in (("episodes", "episodes_in_window"), ("train_steps", "window_train_steps")):
+            if isinstance(first.get(counter), int) and isinstance(first.get(window), int):
+                resumed_from[counter] = first[counter] - first[window]
+        for i in range(start):
+            replaced[i] |= any(isinstance(rows[i].get(key), (int, float)) and rows[i][key] > limit
+                               for key, limit in resumed_from.items())
+    return replaced
+
+
 def pick_metric(rows: list[dict[str, Any]], requested: str) -> str:
     if requested:
         return requested
@@ -144,7 +167,7 @@ def read_config(logdir: str) -> dict[str, Any] | None:
     if os.path.isfile(path):
         with open(path) as f:
             return json.load(f)
-    from seed.learner import checkpoint
+    from seed.runtime import checkpoint
 
     if not os.path.isfile(checkpoint.checkpoint_path(logdir)):
         return None
@@ -161,8 +184,9 @@ def load_run(logdir: str, metric: str = "") -> Run:
     rows = read_rows(logdir)
     metric = pick_metric(rows, metric)
     minutes, starts = wall_minutes([float(row["time_s"]) for row in rows])
+    replaced = replaced_rows(rows, starts)
     keep = [i for i, row in enumerate(rows)
-            if isinstance(row.get(metric), (int, float)) and math.isfinite(row[metric])]
+            if not replaced[i] and isinstance(row.get(metric), (int, float)) and math.isfinite(row[metric])]
     if not keep:
         raise CurvesError(f"{logdir}/metrics.jsonl: no row has a value for {metric!r}; expected one of the keys "
                           f"{sorted(k for k, v in rows[-1].items() if isinstance(v, (int, float)))}")
