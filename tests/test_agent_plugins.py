@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 from tests.conftest import REPO, read_metrics, wait_for
 
 PLUGIN_ENV = {"SEED_RL_PLUGINS": "tests.toy_agent"}
@@ -47,6 +47,40 @@ def test_a_toy_agent_in_one_folder_trains_through_the_real_learner(processes, tm
     assert state["config"]["agent"] == "toy" and state["config"]["toy_hidden_size"] == 8
     assert state["agent"]["network"]["torso.0.weight"].shape[0] == 8  # --toy_hidden_size reached the network
     assert state["counters"]["train_steps"] >= 5
+
+
+def test_seed_eval_plays_a_toy_agent_s_checkpoint(tmp_path, monkeypatch):
+    """seed-eval (its entry point, in a fresh interpreter with SEED_RL_PLUGINS) on a checkpoint of the toy agent,
+    saved in the learner's layout: it finds the agent the checkpoint names through the plug-in, plays its episodes
+    and reports them. Seen failing with plug-ins loaded only where the learner lists the agents (`registry.names`,
+    not `agent_class`): seed-eval exited with `--agent: got 'toy'`."""
+    import json
+
+    import torch
+
+    import tests.toy_agent  # noqa: F401 - registers the toy agent in this process, to build its checkpoint
+    from seed.envs import make_spec
+    from seed.learner.configuration import resolve_config
+    from seed.runtime import checkpoint
+
+    for key, value in PLUGIN_ENV.items():
+        monkeypatch.setenv(key, value)
+    logdir = str(tmp_path)
+    config = resolve_config({"agent": "toy", "env": "gym:CartPole-v1", "logdir": logdir, "toy_hidden_size": 8})
+    agent = type(config).agent_class(make_spec(config.env, config.env_options()), config)
+    optimizer = torch.optim.Adam(agent.network.parameters())
+    checkpoint.save(logdir, {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
+                             "counters": {"env_frames": 100, "train_steps": 3, "episodes": 2},
+                             "config": vars(config)})
+    out = str(tmp_path / "eval.json")
+    done = subprocess.run([sys.executable, "-m", "seed.evaluate", f"--logdir={logdir}", "--episodes=3",
+                           "--num_envs=2", f"--out={out}"], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=REPO), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with open(out) as f:
+        report = json.load(f)
+    assert report["agent"] == "toy" and report["episodes"] == 3
+    assert all(length >= 8 for length in report["lengths"])  # CartPole ends no episode in fewer than 8 steps
 
 
 def test_the_toy_agent_s_config_shows_its_fields_and_checks(tmp_path):
@@ -144,7 +178,7 @@ def test_the_framework_names_no_agent():
 def test_every_preset_resolves_with_only_its_agent_s_flags(tmp_path):
     """Each preset names its agent and sets only that agent's and the framework's fields: it resolves as it is (a
     key of another agent would be refused naming the agents that have it)."""
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
     from seed.presets import PRESETS
 
     for name, values in PRESETS.items():
