@@ -207,7 +207,7 @@ class LearnerConfig(EnvOptions, TransportOptions):
                                                      "first update: 5x this).")
     keep_freed_memory: bool = _field(True, "glibc: serve large host tensors from the heap and keep freed memory for "
                                            "reuse instead of mmap/munmap per training step "
-                                           "(seed/learner/host_memory.py).")
+                                           "(seed/runtime/host_memory.py).")
     # Optimisation (shared).
     batch_size: int = _field(32, "Unrolls per training batch.")
     unroll_length: int = _field(100, "Trained steps per unroll (each unroll stores burn_in + unroll_length + 1 steps).")

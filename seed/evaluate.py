@@ -6,7 +6,7 @@
 
 Everything about the run comes from the checkpoint: its saved learner configuration rebuilds the env spec and
 the agent (keys this version does not know are ignored with a warning), and its parameters are loaded into
-the agent's network. Checkpoints are read with `torch.load(weights_only=True)` (seed/learner/checkpoint.py `read`), so
+the agent's network. Checkpoints are read with `torch.load(weights_only=True)` (seed/runtime/checkpoint.py `read`), so
 a downloaded one cannot run code: one that holds other Python objects is refused. The policy is the agent's
 `evaluation_act` (V-trace: a sample from the policy, or its argmax with `--eval_greedy`; R2D2: epsilon-greedy
 with the checkpoint's `eval_epsilon`; MuZero: the checkpoint's search without root noise, its most visited action
@@ -89,13 +89,13 @@ class EvalConfig:
 
 
 def load_checkpoint(logdir: str, path: str = "") -> tuple[str, dict[str, Any]]:
-    """(path, checkpoint dict) of `path`, or else of `logdir`'s latest checkpoint (seed.learner.checkpoint).
+    """(path, checkpoint dict) of `path`, or else of `logdir`'s latest checkpoint (seed.runtime.checkpoint).
 
     The one place that knows how checkpoints are found; errors list what the logdir holds instead. Files are
     read by `checkpoint.read` (torch.load weights_only=True): a file that holds Python objects beyond tensors,
     NumPy arrays and plain data is refused without running any of it.
     """
-    from seed.learner import checkpoint
+    from seed.runtime import checkpoint
 
     if path:
         if not os.path.isfile(path):
@@ -123,7 +123,7 @@ def learner_config(saved: dict[str, Any], source: str) -> LearnerConfig:
     does not know are dropped with a warning, other agents' fields (saved by versions with one configuration
     for all agents) silently; fields the checkpoint lacks keep their defaults."""
     from seed.agents import registry
-    from seed.learner.main import learner_fields
+    from seed.learner.configuration import learner_fields
 
     try:
         config_class = learner_config_class(registry.agent_class(saved.get("agent", LearnerConfig.agent)))

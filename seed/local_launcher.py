@@ -24,7 +24,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seed.actor.main import SUPERSEDED_EXIT_CODE
 from seed.config import ActorConfig
-from seed.learner.main import learner_fields as all_learner_fields
+from seed.learner.configuration import learner_fields as all_learner_fields
 from seed.transport import CHANNEL_OPTIONS
 
 MAX_ACTOR_RESTARTS = 20
@@ -90,7 +90,7 @@ def stop_all(processes: list[subprocess.Popen], timeout_s: float = 30.0) -> None
 
 
 def main(argv: list[str]) -> int:
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     flags = parse_flags(argv)
     learner_fields = set(all_learner_fields())

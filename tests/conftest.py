@@ -122,7 +122,7 @@ def assert_resumed(output: str, logdir: str, saved: tuple[str, dict], rows_befor
 def assert_optimizer_continued(logdir: str) -> None:
     """In the newest checkpoint, Adam's step count equals the learner's train steps: true across a resume only
     if the optimizer's state (step count and moments) was restored rather than started afresh."""
-    from seed.learner import checkpoint
+    from seed.runtime import checkpoint
 
     path, state = checkpoint.latest(logdir)
     steps = {int(moments["step"]) for moments in state["optimizer"]["state"].values()}

@@ -88,8 +88,8 @@ def test_bad_extra_files(tmp_path):
 def test_learner_logs_human_normalised_returns(tmp_path):
     import numpy as np
 
+    from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
-    from seed.learner.main import resolve_config
 
     config = resolve_config(dict(env="atari:Pong", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",
                                  num_actors=1, num_eval_envs=1))

@@ -17,7 +17,7 @@ from seed.contracts import InferenceBatch
 from seed.contracts.agent import UpdateStep
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
 from tests.conftest import read_metrics, wait_for
 
 # Two action dimensions with different bounds, so that the affine map is not the identity.
@@ -197,7 +197,7 @@ def test_pendulum_trains_through_the_real_learner_and_actor(processes, tmp_path,
     """A few updates on gym:Pendulum-v1 with both normalisations: the metrics carry the Box policy's std, the
     logged episode returns are Pendulum's raw ones (-1.2K..0 per 200-step episode; the scaled rewards the loss
     sees would sum to a few units), and the checkpoint holds the observation and reward statistics."""
-    from seed.learner import checkpoint
+    from seed.runtime import checkpoint
 
     logdir, address = str(tmp_path / "run"), f"unix:{tmp_path}/learner.sock"
     learner = processes.learner([

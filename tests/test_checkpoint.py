@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 
 
 def _state(step: int) -> dict:
@@ -43,7 +43,7 @@ def test_a_corrupted_newest_checkpoint_falls_back_to_the_previous_one(tmp_path, 
     newest = checkpoint.checkpoint_path(logdir)
     with open(newest, "r+b") as f:  # a torn write: the file ends half-way
         f.truncate(os.path.getsize(newest) // 2)
-    with caplog.at_level(logging.WARNING, logger="seed.learner.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="seed.runtime.checkpoint"):
         path, state = checkpoint.latest(logdir)
     assert path.endswith("checkpoint-00000002.pt") and state["counters"]["train_steps"] == 2
     assert f"checkpoint {newest} does not load" in caplog.text
@@ -117,7 +117,7 @@ def test_a_checkpoint_that_would_run_code_is_refused_and_skipped(tmp_path, caplo
     with pytest.raises(checkpoint.UnsafeCheckpoint, match=f"checkpoint {evil}: got the Python object posix.system, "
                                                           "expected only tensors"):
         checkpoint.read(evil)
-    with caplog.at_level(logging.WARNING, logger="seed.learner.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="seed.runtime.checkpoint"):
         path, state = checkpoint.latest(logdir)  # what a learner resuming on this logdir loads
     assert path == good and state["counters"]["train_steps"] == 1
     assert f"checkpoint {evil} does not load (UnsafeCheckpoint" in caplog.text
@@ -144,8 +144,8 @@ def test_random_states_load_and_so_do_numpy_1_files(tmp_path):
 
 
 def make_learner(logdir: str):
+    from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
-    from seed.learner.main import resolve_config
 
     config = resolve_config(dict(env="fake:vector", logdir=logdir, server_address=f"unix:{logdir}/s", num_actors=1,
                                  envs_per_actor=2, inference_devices="cpu,cpu", torch_threads=1, keep_checkpoints=2))

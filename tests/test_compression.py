@@ -13,8 +13,8 @@ import pytest
 
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs import make_spec
+from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.learner.main import resolve_config
 from seed.transport import compression, wire
 from tests.conftest import free_tcp_port, read_metrics, wait_for
 

@@ -10,7 +10,7 @@ import torch
 from seed.agents import agent_class
 from seed.bench.compute_cost import make_unrolls, measure
 from seed.envs import make_spec
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
 
 
 @pytest.mark.parametrize("agent", ["vtrace", "r2d2", "ppo", "sac"])

@@ -11,7 +11,7 @@ import torch
 
 from seed.config import burn_in_steps
 from seed.contracts.training import TrainingBatch, Unroll
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (torch.cuda.is_available() "
                                                                        "is False)")

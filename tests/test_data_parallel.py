@@ -27,7 +27,7 @@ UPDATES_MUZERO = 8
 def _agent_and_config(agent_name: str):
     from seed.agents import agent_class
     from seed.envs import make_spec
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     values = dict(agent=agent_name, env="fake:vector", num_actors=2, envs_per_actor=5, batch_size=10, unroll_length=5,
                   use_lstm=True, lstm_size=16, seed=3, learning_rate=1e-3, grad_clip_norm=1.0, torch_threads=1,
@@ -160,9 +160,9 @@ def test_learner_with_two_cpu_training_devices_trains_publishes_and_checkpoints(
     """R2D2: rank 0 hands the learner the whole batch's priorities, which it writes into the replay."""
     import threading
 
-    from seed.learner import checkpoint
+    from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
-    from seed.learner.main import resolve_config
+    from seed.runtime import checkpoint
 
     extra = dict(replay_min_size=16, replay_capacity=256, burn_in=2) if agent_name == "r2d2" else {}
     learner = Learner(resolve_config(_learner_args(tmp_path, agent=agent_name, max_train_steps=12,
@@ -237,7 +237,7 @@ def test_killing_training_rank_1_ends_the_learner_naming_it(processes, tmp_path)
 
 
 def test_training_devices_are_refused_with_a_batch_size_they_do_not_divide_or_without_the_training_process():
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     with pytest.raises(ValueError, match=r"--batch_size: got 5 with --training_devices=cpu,cpu \(2 devices\), "
                                          "expected a multiple of 2"):

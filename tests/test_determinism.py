@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 from tests.conftest import REPO, read_metrics
 
 UPDATES = 4

@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 from tests.conftest import (
     assert_optimizer_continued,
     assert_resumed,
@@ -139,8 +139,8 @@ def test_each_inference_device_serves_its_actors(tmp_path):
     """Actor a is served by inference device a % n: its env rows live only in that device's tables."""
     import numpy as np
 
+    from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
-    from seed.learner.main import resolve_config
     from seed.serving.slab import REPLY_OK
     from tests.conftest import serve_steps
 
@@ -162,8 +162,8 @@ def test_trained_parameters_reach_every_inference_device(tmp_path):
     """After a training step, each inference device's network holds the trained parameters."""
     import numpy as np
 
+    from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
-    from seed.learner.main import resolve_config
     from tests.conftest import serve_steps
 
     config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",

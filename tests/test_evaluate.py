@@ -16,8 +16,8 @@ import torch
 from seed.agents import agent_class
 from seed.envs import make_spec
 from seed.evaluate import EVAL_SEED_OFFSET, EpisodeVideo, episode_quotas, open_video_writer
-from seed.learner import checkpoint
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
+from seed.runtime import checkpoint
 from tests.conftest import REPO
 from tests.test_checkpoint import make_learner, write_code_running_checkpoint
 
@@ -32,7 +32,7 @@ CONTROLLER = (0.1, 0.5, 1.0, 1.0)
 
 def write_checkpoint(logdir: str, controller: tuple[float, ...] | None = None, seed: int = 7,
                      extra_config: dict | None = None) -> dict:
-    """Saves an untrained V-trace CartPole agent (or one set to `controller`) with seed.learner.checkpoint, in the
+    """Saves an untrained V-trace CartPole agent (or one set to `controller`) with seed.runtime.checkpoint, in the
     layout the learner writes: agent, optimizer, counters, config. Returns the saved config."""
     config = resolve_config({"agent": "vtrace", "env": ENV, "logdir": logdir, "seed": seed})
     spec = make_spec(config.env, config.env_options())
@@ -45,7 +45,7 @@ def write_checkpoint(logdir: str, controller: tuple[float, ...] | None = None, s
 
 
 def save_like_the_learner(logdir: str, agent, saved_config: dict, counters: dict) -> None:
-    """`agent` saved with seed.learner.checkpoint in the learner's layout: agent, optimizer, counters, config."""
+    """`agent` saved with seed.runtime.checkpoint in the learner's layout: agent, optimizer, counters, config."""
     optimizer = torch.optim.Adam(agent.network.parameters())
     checkpoint.save(logdir, {"agent": agent.state_dict(), "optimizer": optimizer.state_dict(),
                              "counters": counters, "config": saved_config})
@@ -191,8 +191,8 @@ def test_a_learner_checkpoint_with_its_random_states_evaluates(tmp_path):
 def test_a_muzero_learner_checkpoint_evaluates_with_its_search(tmp_path):
     """seed-eval on what a MuZero learner writes: the agent's evaluation search plays CartPole, and the report
     names the search as the policy."""
+    from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
-    from seed.learner.main import resolve_config
 
     logdir = str(tmp_path / "run")
     config = resolve_config(dict(preset="cartpole_muzero", logdir=logdir, server_address=f"unix:{logdir}/s",

@@ -13,8 +13,8 @@ from seed.agents import agent_class
 from seed.contracts import InferenceBatch
 from seed.contracts.training import Unroll
 from seed.envs import make_spec
+from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.learner.main import resolve_config
 from seed.metrics.recording import LearnerMetrics
 from tests.conftest import REPO
 

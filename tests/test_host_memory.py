@@ -1,4 +1,4 @@
-"""A CPU learner's process settings: freed host memory kept for reuse (seed.learner.host_memory) and OpenMP threads that
+"""A CPU learner's process settings: freed host memory kept for reuse (seed.runtime.host_memory) and OpenMP threads that
 sleep
 when idle (seed-learner)."""
 
@@ -8,14 +8,14 @@ import sys
 
 import pytest
 
-from seed.learner.host_memory import keep_freed_memory
+from seed.runtime.host_memory import keep_freed_memory
 
 # Allocates, touches and frees a 64 MiB tensor (above glibc's largest mmap threshold) 10 times after 10 warm-up
 # rounds (the heap grows to its high-water mark: an aligned allocation does not fit the exact chunk freed before
 # it until free chunks have merged), and prints the minor page faults those 10 rounds took.
 PROBE = """
 import json, resource, sys, torch
-from seed.learner.host_memory import keep_freed_memory
+from seed.runtime.host_memory import keep_freed_memory
 kept = keep_freed_memory() if sys.argv[1] == "keep" else False
 def cycle():
     x = torch.empty(16 * 2**20, dtype=torch.float32)

@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from seed.config import ActorConfig, EnvOptions
-from seed.learner.main import learner_fields
+from seed.learner.configuration import learner_fields
 from tests.conftest import REPO
 
 K8S_DIR = os.path.join(REPO, "launch", "k8s")

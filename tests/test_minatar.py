@@ -211,7 +211,7 @@ def test_minatar_torso_reads_rows_columns_and_channels_from_channel_last_states(
 
 
 def test_auto_network_is_the_minatar_torso_for_every_agent(tmp_path):
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     for agent in ("vtrace", "r2d2", "ppo", "muzero"):
         config = resolve_config(dict(agent=agent, env="minatar:breakout", logdir=str(tmp_path)))
@@ -220,7 +220,7 @@ def test_auto_network_is_the_minatar_torso_for_every_agent(tmp_path):
 
 def test_muzero_minatar_network_keeps_10_by_10_and_trains(tmp_path):
     from seed.agents.muzero.agent import make_network
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     config = resolve_config(dict(agent="muzero", env="minatar:seaquest", logdir=str(tmp_path), latent_channels=8,
                                  lstm_size=16, projection_size=64))
@@ -249,7 +249,7 @@ def test_muzero_minatar_network_keeps_10_by_10_and_trains(tmp_path):
 @pytest.mark.parametrize("name, agent", [("minatar_vtrace", "vtrace"), ("minatar_ppo", "ppo"),
                                          ("minatar_muzero", "muzero")])
 def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tmp_path, name, agent):
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     config = resolve_config({"logdir": str(tmp_path / "run"), "preset": name})
     assert (config.agent, config.env, config.network) == (agent, "minatar:breakout", "minatar")
@@ -263,7 +263,7 @@ def test_muzero_preset_makes_6560_updates_in_100k_agent_steps(tmp_path):
     """The sizing of minatar_muzero's comment: 100K agent steps, of which the 14 training envs' 87.5K are inserted,
     / 10 positions per sequence = 8,750 sequences, each sampled 6 times in batches of 8: about 6,560 updates of
     8 x 10 unroll starts, each position trained 6 times (the Breakout run made 6,450)."""
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "minatar_muzero"})
     assert (config.search, config.num_simulations, config.latent_channels, config.projection_size,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 from tests.conftest import REPO, Processes, assert_optimizer_continued, assert_resumed, read_metrics, wait_for
 
 LEARNER_IP, ACTOR_IP, PREFIX_LEN = "10.213.0.1", "10.213.0.2", 30

@@ -26,8 +26,8 @@ from seed.agents.muzero.targets import (
 )
 from seed.contracts import InferenceBatch
 from seed.contracts.training import TrainingBatch, Unroll
+from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.learner.main import resolve_config
 from seed.serving.slab import REPLY_OK
 from tests.conftest import REPO, read_metrics, serve_steps, wait_for
 

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 from tests.conftest import assert_resumed, read_metrics, wait_for
 from tests.netns import RemoteRun, hosts_fixture  # noqa: F401 - the `hosts` fixture
 

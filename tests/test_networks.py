@@ -11,7 +11,7 @@ from seed.agents.r2d2.agent import DuelingQNetwork
 from seed.agents.torsos import ImpalaDeepTorso, NatureDQNTorso, SmallDQNTorso, conv_on_frames
 from seed.agents.vtrace.agent import ActorCriticNetwork
 from seed.envs import make_spec
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
 
 
 @pytest.mark.parametrize("torso_class", [SmallDQNTorso, NatureDQNTorso, ImpalaDeepTorso])

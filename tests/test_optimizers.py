@@ -164,7 +164,7 @@ def test_a_resumed_optimizer_takes_the_identical_next_step():
 def test_make_optimizer_gives_every_agent_clipped_lars(tmp_path, agent):
     from seed.agents import agent_class
     from seed.envs import make_spec
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
     from seed.training.optimizers import make_optimizer
 
     extra = dict(sync="hts") if agent == "ppo" else {}
@@ -191,7 +191,7 @@ def test_an_unknown_optimizer_is_refused_naming_the_flag(tmp_path):
     import subprocess
     import sys
 
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
     from seed.training.optimizers import make_optimizer
 
     with pytest.raises(ValueError, match="--optimizer: got 'lamb', expected adam or clipped_lars"):
@@ -209,9 +209,9 @@ def test_an_unknown_optimizer_is_refused_naming_the_flag(tmp_path):
 def test_a_vtrace_learner_trains_with_clipped_lars_in_its_training_process(processes, tmp_path):
     """The real learner (optimizer steps in the training process) and one actor: updates happen, the weights
     move, and the checkpoint holds Clipped LARS's state (its step count == the updates)."""
-    from seed.learner import checkpoint
+    from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
-    from seed.learner.main import resolve_config
+    from seed.runtime import checkpoint
 
     config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path / "run"), server_address=f"unix:{tmp_path}/s",
                                  num_actors=1, envs_per_actor=4, batch_size=4, unroll_length=5, torch_threads=1,

@@ -11,7 +11,7 @@ from seed.agents.ppo.ppo import clipped_surrogate_loss, gae, normalize
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.envs import make_spec
 from seed.inference.rollout_gate import RolloutGate
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
 from seed.training.update import policy_lag
 
 

@@ -16,7 +16,7 @@ import sys
 from typing import Any
 
 from seed.config import to_json
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
 from seed.presets import PRESETS
 from tests.conftest import REPO
 

@@ -25,7 +25,7 @@ ALPHA = 0.9
 
 
 def _config(tmp_path, **overrides):
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     values = dict(agent="r2d2", env="fake:vector", logdir=str(tmp_path / "run"), num_actors=1, envs_per_actor=2,
                   burn_in=2, unroll_length=4, batch_size=4, torch_threads=1, target_update_interval=100)
@@ -137,7 +137,7 @@ def test_the_oldest_priority_age_drops_after_a_sweep(tmp_path):
 def test_an_agent_without_a_replay_is_refused_naming_the_flag(tmp_path):
     """--priority_refresh_interval_s is a replay flag: --agent=vtrace refuses it when the configuration resolves,
     naming the agents that have it."""
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     with pytest.raises(ValueError, match=r"--priority_refresh_interval_s: got 5.0 with --agent=vtrace, which has "
                                          r"no such setting; a flag of --agent=r2d2 or --agent=muzero"):

@@ -10,8 +10,8 @@ from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.actor.loop import Actor
 from seed.config import ActorConfig
 from seed.envs import make_spec
+from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.learner.main import resolve_config
 from seed.transport import wire
 from tests.conftest import wait_for
 

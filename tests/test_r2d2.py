@@ -13,8 +13,8 @@ import torch
 from seed.agents.r2d2.agent import ATARI_TABLE_8
 from seed.agents.r2d2.agent import R2D2Agent as Agent
 from seed.contracts.training import Unroll
+from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.learner.main import resolve_config
 from tests.conftest import serve_steps
 
 
@@ -172,7 +172,7 @@ def test_replay_file_naming_other_python_objects_is_refused_not_run(tmp_path, ca
     generations load, an object of the file's choosing does not."""
     import datetime
 
-    from seed.learner.checkpoint import UnsafeCheckpoint, read
+    from seed.runtime.checkpoint import UnsafeCheckpoint, read
 
     learner = _learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
     for g in range(20):

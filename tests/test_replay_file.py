@@ -1,6 +1,6 @@
 """The replay file (`replay.pt`, --checkpoint_replay, seed/experience/training_batches.py ReplayExperience) by the
 checkpoints'
-rules (seed/learner/checkpoint.py): fsynced before its rename and the logdir after it, the previous file kept, and a
+rules (seed/runtime/checkpoint.py): fsynced before its rename and the logdir after it, the previous file kept, and a
 file
 that does not load (truncated, corrupt) passed over for the previous one, or an empty replay, naming why."""
 

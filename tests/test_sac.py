@@ -15,8 +15,8 @@ from seed.contracts import InferenceBatch
 from seed.contracts import agent as contract
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
-from seed.learner import checkpoint
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
+from seed.runtime import checkpoint
 from tests.conftest import read_metrics, wait_for
 
 # A Pendulum-shaped spec: 3 observation values, one action in [-2, 2].

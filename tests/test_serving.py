@@ -14,8 +14,8 @@ import torch
 
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs import make_spec
+from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.learner.main import resolve_config
 from seed.serving import notify
 from seed.serving.service import SlabService
 from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab

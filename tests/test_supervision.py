@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from seed.learner import checkpoint
-from seed.learner.supervised_thread import (
+from seed.runtime import checkpoint
+from seed.runtime.supervised_thread import (
     EVENTS_FAULT_ENV,
     SINK_FAULT_ENV,
     InjectedFault,
@@ -107,7 +107,7 @@ def test_sink_fault_hook_raises_only_after_its_delay():
 
 
 def _config(tmp_path, **overrides):
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     values = dict(env="fake:vector", logdir=str(tmp_path / "run"), server_address=f"unix:{tmp_path}/s", num_actors=1,
                   envs_per_actor=2, batch_size=2, unroll_length=5, torch_threads=1, log_interval_s=0.5)
@@ -168,7 +168,7 @@ def test_learner_whose_sink_raises_exits_non_zero_with_the_traceback(processes, 
     output = processes.output(learner)
     assert code != 0, output
     assert "Traceback (most recent call last)" in output and "InjectedFault" in output, output
-    assert "seed.learner.supervised_thread.ThreadDied: thread 'experience-sink' died" in output, output
+    assert "seed.runtime.supervised_thread.ThreadDied: thread 'experience-sink' died" in output, output
     assert checkpoint.latest(logdir) is not None, output
 
 
@@ -193,8 +193,8 @@ def test_learner_whose_serving_events_thread_raises_exits_non_zero_naming_it(pro
     output = processes.output(learner)
     assert code != 0, output
     assert "InjectedFault" in output and "thread 'serving-events' died" in output, output
-    assert ("seed.learner.supervised_thread.ThreadDied: thread 'serving-events' died "
-            "(seed.learner.supervised_thread.InjectedFault") in output, output
+    assert ("seed.runtime.supervised_thread.ThreadDied: thread 'serving-events' died "
+            "(seed.runtime.supervised_thread.InjectedFault") in output, output
 
 
 def test_learner_refuses_a_replay_that_cannot_fit_in_memory(tmp_path):

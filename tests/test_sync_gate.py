@@ -29,8 +29,8 @@ from seed.envs import make_spec
 from seed.envs.base import BatchStep
 from seed.experience.training_batches import Prefetcher
 from seed.inference.rollout_gate import RolloutGate
+from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.learner.main import resolve_config
 from seed.serving.slab import REPLY_OK, REPLY_STALE
 from seed.transport import wire
 from tests.conftest import read_metrics, wait_for

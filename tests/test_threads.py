@@ -7,7 +7,7 @@ import torch
 
 from seed.config import torch_threads
 from seed.learner.builder import setup_process
-from seed.learner.main import resolve_config
+from seed.learner.configuration import resolve_config
 
 
 def test_automatic_threads_are_one_on_small_machines_and_half_the_cores_above():

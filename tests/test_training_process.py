@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from seed.contracts.training import TrainingBatch, Unroll
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 from seed.training.liveness import FAULT_ENV, TrainingFault, step_allowance_s
 from tests.conftest import assert_optimizer_continued, read_metrics, wait_for
 
 
 def _config(tmp_path, **overrides):
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     values = dict(env="fake:vector", logdir=str(tmp_path / "run"), server_address=f"unix:{tmp_path}/s", num_actors=1,
                   envs_per_actor=4, batch_size=4, unroll_length=5, torch_threads=1, log_interval_s=0.5,

@@ -17,8 +17,8 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from seed import transport
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs import make_spec
+from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.learner.main import resolve_config
 from seed.transport import wire
 from tests.certs import make_pki
 from tests.conftest import REPO, free_tcp_port, wait_for

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from seed.experience.unroll_store import UnrollStore
+from seed.inference.unroll_store import UnrollStore
 
 
 def _step(values, done=None):

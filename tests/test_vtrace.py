@@ -73,7 +73,7 @@ def test_agent_reports_off_policyness_and_advantage_metrics(tmp_path):
     from seed.agents import agent_class
     from seed.contracts.training import TrainingBatch, Unroll
     from seed.envs import make_spec
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     config = resolve_config({"logdir": str(tmp_path / "run"), "agent": "vtrace", "num_actors": 1,
                              "envs_per_actor": 2})

@@ -23,7 +23,7 @@ import sys
 import pytest
 
 from seed.agents import names as agent_names
-from seed.learner import checkpoint
+from seed.runtime import checkpoint
 from tests.conftest import REPO, read_metrics, wait_for
 
 pytestmark = pytest.mark.wheel

@@ -44,8 +44,8 @@ from seed.contracts.training import Unroll
 from seed.envs import make_batch, make_spec
 from seed.envs.base import EnvSpec
 from seed.experience.training_batches import Prefetcher, UnrollQueue
-from seed.experience.unroll_store import UnrollStore
-from seed.learner.main import define_learner_flags, learner_fields, resolve_config
+from seed.inference.unroll_store import UnrollStore
+from seed.learner.configuration import define_learner_flags, learner_fields, resolve_config
 
 SERVICE = "seed.ActorSide"
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),

@@ -52,7 +52,7 @@ from seed.bench.measure import BenchError
 from seed.bench.results import BASELINES, SCHEMA, run_bench, summary_markdown, write_json
 from seed.bench.sweep import SWEEPS, sweep_plot, sweep_setups, sweep_table
 from seed.config import explicit_flags
-from seed.learner.main import define_learner_flags, learner_fields
+from seed.learner.configuration import define_learner_flags, learner_fields
 
 # ----------------------------------------------------------------------------------------------- main
 

@@ -38,8 +38,8 @@ from seed.config import LearnerConfig, burn_in_steps, explicit_flags, torch_thre
 from seed.contracts import InferenceBatch
 from seed.contracts.training import STEP_FIELDS, TrainingBatch, Unroll
 from seed.envs import make_spec
-from seed.learner.host_memory import keep_freed_memory
-from seed.learner.main import define_learner_flags, learner_fields, resolve_config
+from seed.learner.configuration import define_learner_flags, learner_fields, resolve_config
+from seed.runtime.host_memory import keep_freed_memory
 from seed.training.optimizers import make_optimizer
 from seed.training.update import train_on_batch
 

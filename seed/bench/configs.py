@@ -11,7 +11,7 @@ from typing import Any
 
 from seed.bench.measure import BenchError
 from seed.config import LearnerConfig
-from seed.learner.main import learner_fields as all_learner_fields
+from seed.learner.configuration import learner_fields as all_learner_fields
 
 BENCH_ONLY_KEYS = {"description", "duration_s", "actor_torch_threads", "requires"}
 # seed-bench owns these learner flags: a run needs a fresh logdir (no resume) and never stops by itself.
@@ -49,7 +49,7 @@ def split_bench_config(name: str, entry: dict[str, Any], path: str) -> tuple[dic
 
 def resolve_learner_config(learner_flags: dict[str, Any]) -> LearnerConfig:
     """The learner's resolved configuration (agent defaults applied), as the learner process will see it."""
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
 
     fields = all_learner_fields()
     typed = {}

@@ -33,7 +33,7 @@ def _agent(algorithm: str, simulations: int, actions: int, device: str) -> Any:
 
     from seed.agents.muzero.agent import MuZeroAgent
     from seed.envs.base import EnvSpec
-    from seed.learner.main import resolve_config
+    from seed.learner.configuration import resolve_config
     from seed.presets import PRESETS
 
     preset = {**PRESETS["atari100k_muzero_gpu"], "search": algorithm, "num_simulations": simulations,

@@ -7,7 +7,7 @@ For every env in --envs (default CartPole and fake:atari, run concurrently) it s
                          pod would be) and SIGSTOP another one for --stop_s seconds, then SIGCONT;
   once, mid-run          SIGKILL the learner (in place of that slot's actor faults) and restart it on its logdir;
   once, the slot after   the restarted learner's experience sink raises (the test-only hook
-                         SEED_FAULT_SINK_RAISE_AFTER_S, seed/learner/supervised_thread.py): the learner must exit
+                         SEED_FAULT_SINK_RAISE_AFTER_S, seed/runtime/supervised_thread.py): the learner must exit
                          non-zero
                          with the traceback in its log within seconds; the soak then restarts it at once on its
                          logdir, as launch/local.sh does with a learner that exits non-zero.
@@ -39,7 +39,7 @@ from typing import Any
 from absl import app, flags
 
 from seed.bench import soak_analysis as analysis
-from seed.learner.supervised_thread import SINK_FAULT_ENV
+from seed.runtime.supervised_thread import SINK_FAULT_ENV
 
 ENV_FLAGS = {  # per env: learner and actor flags light enough for a 2-core machine
     "gym:CartPole-v1": {"torch_threads": 1},

@@ -291,7 +291,7 @@ class NetnsSoak:
 
     def _newest_checkpoint(self) -> dict[str, Any] | None:
         # torch: imported by run() before the first fault, not while a learner is down
-        from seed.learner import checkpoint
+        from seed.runtime import checkpoint
 
         latest = checkpoint.latest(self.logdir)
         if latest is None:
@@ -321,7 +321,7 @@ class NetnsSoak:
         os.makedirs(self.directory, exist_ok=True)
         with open(self.token_file, "w") as f:
             f.write(TOKEN + "\n")
-        import seed.learner.checkpoint  # noqa: F401 - torch's import (seconds on a busy machine) kept out of the learner fault
+        import seed.runtime.checkpoint  # noqa: F401 - torch's import (seconds on a busy machine) kept out of the learner fault
 
         try:  # the hosts are removed from their first namespace on (a SIGKILL: by NetnsHosts's reaper)
             self.hosts.create()

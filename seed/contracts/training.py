@@ -15,11 +15,14 @@ Step fields stored for every env step t (time index within an unroll):
 
 An unroll holds `burn_in + unroll_length + 1` consecutive steps of one env; the last step only provides the
 bootstrap. `initial_state` is the agent state (recurrent core state, frame stack) before the first stored step.
+
+`PublishedParameters` is the other direction: the trained parameters, as a reader beside inference pulls them.
 """
 
 from __future__ import annotations
 
 import dataclasses
+from typing import Protocol
 
 import torch
 
@@ -94,3 +97,18 @@ class LossOutput:
     loss: torch.Tensor
     metrics: dict[str, float]
     priorities: torch.Tensor | None = None
+
+
+class PublishedParameters(Protocol):
+    """Where the learner publishes its trained parameters, as a reader beside inference sees them (Priority
+    Refresh, seed/experience/priority_refresh.py). seed/inference/parameter_publisher.py's `ParameterPublisher`
+    implements it; the reader depends on this contract, not on the inference room. A version is the learner's
+    train_steps when the parameters were published."""
+
+    @property
+    def published(self) -> int:
+        """The version of the newest published parameters."""
+
+    def read(self, targets: dict[str, torch.Tensor], newer_than: int) -> int:
+        """Copies the newest published parameters into `targets` (a state dict of the same names, any device) if
+        their version is above `newer_than`; returns the version `targets` now hold. Complete on return."""

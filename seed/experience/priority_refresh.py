@@ -38,10 +38,9 @@ import torch
 from torch import nn
 
 from seed.config import LearnerConfig
-from seed.contracts.training import Unroll
+from seed.contracts.training import PublishedParameters, Unroll
 from seed.experience.replay import PrioritizedReplay
-from seed.inference.parameter_publisher import ParameterPublisher
-from seed.learner.supervised_thread import SupervisedThread
+from seed.runtime.supervised_thread import SupervisedThread
 
 # (sequences [L, B] on the device, online network, target network, the parameters' published version)
 #   -> priorities float [B]
@@ -53,8 +52,9 @@ class PriorityRefresher:
       replay: the prioritized replay to refresh.
       priorities: the agent's priority function (e.g. R2D2's `Agent.priorities`).
       network, target_network: the agent's networks as of `version`; the refresher works on copies of them.
-      published: where the trained parameters are published (an inference device's publisher): its `read`
-        copies them in, its `published` says the newest version.
+      published: where the trained parameters are published (an inference device's `ParameterPublisher`, seen
+        through the `PublishedParameters` contract): its `read` copies them in, its `published` says the newest
+        version.
       version: the learner's train_steps when this starts (the version of `network`).
       target_update_interval: updates between copies of the online network to the target network.
       interval_s: seconds between the starts of two sweeps (> 0).
@@ -65,7 +65,7 @@ class PriorityRefresher:
     """
 
     def __init__(self, replay: PrioritizedReplay, priorities: PriorityFunction, network: nn.Module,
-                 target_network: nn.Module, published: ParameterPublisher, version: int,
+                 target_network: nn.Module, published: PublishedParameters, version: int,
                  target_update_interval: int, interval_s: float, batch_size: int, device: torch.device,
                  stop: threading.Event, on_values: Callable[[dict[str, float]], None] | None = None):
         if interval_s <= 0:
@@ -140,7 +140,7 @@ class PriorityRefresher:
             self._stop.wait(max(0.05, self.interval_s - (time.monotonic() - start)))
 
 
-def make_priority_refresher(config: LearnerConfig, agent: Any, experience: Any, published: ParameterPublisher,
+def make_priority_refresher(config: LearnerConfig, agent: Any, experience: Any, published: PublishedParameters,
                             version: int, stop: threading.Event, on_values: Callable[[dict[str, float]], None]
                             ) -> PriorityRefresher | None:
     """The learner's refresher for --priority_refresh_interval_s (None when 0, and for an agent without a replay,

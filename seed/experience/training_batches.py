@@ -26,8 +26,8 @@ import torch
 
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.experience.replay import PrioritizedReplay
-from seed.learner import checkpoint
-from seed.learner.supervised_thread import SupervisedThread
+from seed.runtime import checkpoint
+from seed.runtime.supervised_thread import SupervisedThread
 
 
 def _put_until_stopped(target: queue.Queue, item: object, stop: threading.Event) -> None:

@@ -23,11 +23,11 @@ import torch
 from seed.contracts import FinishedEpisodes, InferenceBatch
 from seed.contracts.storage import to_torch
 from seed.contracts.training import Unroll
-from seed.experience.unroll_store import UnrollStore
 from seed.inference.forward_pass import EagerPolicy, GraphedPolicy
 from seed.inference.parameter_publisher import ParameterPublisher
 from seed.inference.rollout_gate import RolloutGate
 from seed.inference.state_table import StateTable
+from seed.inference.unroll_store import UnrollStore
 from seed.serving.notify import RequestBatcher
 from seed.serving.slab import REPLY_FAILED, REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
 from seed.transport.wire import (

@@ -31,13 +31,13 @@ from seed.experience.training_batches import FifoExperience, ReplayExperience, S
 from seed.inference.central import CentralInference, InferenceModel, InferenceOutputs, UnrollLayout, serve_inference
 from seed.inference.rollout_gate import RolloutGate
 from seed.learner.checkpointing import LearnerCheckpointer, restore_rng_states, resume, seed_everything
-from seed.learner.host_memory import keep_freed_memory
-from seed.learner.supervised_thread import SupervisedThread, sink_fault_from_environment
 from seed.learner.supervision import LearnerSupervision
 from seed.learner.training_loop import TrainingLoop
 from seed.metrics.episodes import EpisodeRecorder
 from seed.metrics.recording import LearnerMetrics, MetricsWriter
 from seed.metrics.sinks import SinkSettings
+from seed.runtime.host_memory import keep_freed_memory
+from seed.runtime.supervised_thread import SupervisedThread, sink_fault_from_environment
 from seed.serving.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
 from seed.serving.process import ServingProcess
 from seed.serving.slab import StepSlab

@@ -1,6 +1,6 @@
 """The learner's checkpoints: the resume point read at start, and each rotated checkpoint written afterwards.
 
-A checkpoint (seed/learner/checkpoint.py writes the file) holds the agent's and the optimizer's state dicts, the metric
+A checkpoint (seed/runtime/checkpoint.py writes the file) holds the agent's and the optimizer's state dicts, the metric
 counters, the seed, this process's random generators' states and the configuration; the experience (the replay,
 with --checkpoint_replay) is written beside it.
 """
@@ -15,8 +15,8 @@ import torch
 
 from seed.config import LearnerConfig
 from seed.experience.training_batches import FifoExperience, ReplayExperience
-from seed.learner import checkpoint
 from seed.metrics.recording import LearnerMetrics
+from seed.runtime import checkpoint
 
 
 def resume(config: LearnerConfig, agent: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:

@@ -9,7 +9,7 @@ Processes and threads:
   prefetcher            stacks unrolls into time-major batches and moves them to the training device.
   main thread           training loop: loss, optimizer step, publish parameters, metrics, checkpoints;
                         restarts the serving process if it dies; ends the learner if a helper thread dies
-                        (seed/learner/supervised_thread.py).
+                        (seed/runtime/supervised_thread.py).
 With --training_process the optimizer steps run in a spawned process instead (seed/training/process.py): a
 feeder thread hands it the prefetched batches, and the main thread publishes the parameters and records the
 metrics of each update it reports, checkpoints, and ends the learner if that process dies.
@@ -32,8 +32,8 @@ import torch
 from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
 from seed.learner.builder import build_learner
-from seed.learner.supervised_thread import ThreadDied
 from seed.metrics.episodes import PeriodicLogger, metrics_row, run_summary
+from seed.runtime.supervised_thread import ThreadDied
 from seed.transport import TransportSecurity
 
 
@@ -69,7 +69,7 @@ class Learner:
         self.parts.stop_event.set()
 
     def checkpoint(self, with_experience: bool = True) -> None:
-        """Writes the next rotated checkpoint (seed/learner/checkpoint.py) and, if `with_experience`, the replay."""
+        """Writes the next rotated checkpoint (seed/runtime/checkpoint.py) and, if `with_experience`, the replay."""
         self.parts.training_loop.checkpoint(with_experience)
 
     def train_step(self) -> bool:

@@ -1,7 +1,7 @@
 """The learner's supervision: starting its threads and processes, checking from the main thread that they live,
 stopping them in order, and SIGTERM / SIGINT as a clean stop.
 
-A helper thread that dies (seed/learner/supervised_thread.py records its exception) ends the learner loudly instead of
+A helper thread that dies (seed/runtime/supervised_thread.py records its exception) ends the learner loudly instead of
 freezing
 it (the serving process's event reader too: it may end with its process, but not raise); a dead serving process is
 restarted (again every 5 s while a restart fails); the training process's death surfaces from its own calls
@@ -19,7 +19,7 @@ from typing import Any
 
 from seed.experience.priority_refresh import PriorityRefresher
 from seed.experience.training_batches import FifoExperience, ReplayExperience, SinkThread
-from seed.learner.supervised_thread import ThreadFailure, Watchdog
+from seed.runtime.supervised_thread import ThreadFailure, Watchdog
 from seed.serving.process import ServingProcess
 from seed.training.process import TrainingProcess
 

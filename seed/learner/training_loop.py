@@ -21,8 +21,8 @@ from seed.config import LearnerConfig
 from seed.experience.training_batches import FifoExperience, ReplayExperience
 from seed.inference.central import CentralInference
 from seed.learner.checkpointing import LearnerCheckpointer
-from seed.learner.supervised_thread import ThreadFailure
 from seed.metrics.recording import LearnerMetrics
+from seed.runtime.supervised_thread import ThreadFailure
 from seed.training.process import TrainingProcess, TrainingUpdate
 from seed.training.update import train_on_batch
 
@@ -124,7 +124,7 @@ class TrainingLoop:
             inference.publish(parameters, version=version)
 
     def checkpoint(self, with_experience: bool = True) -> None:
-        """Writes the next rotated checkpoint (seed/learner/checkpoint.py) and, if `with_experience`, the replay."""
+        """Writes the next rotated checkpoint (seed/runtime/checkpoint.py) and, if `with_experience`, the replay."""
         if self.training_process is not None and self.training_process.needs_asking():
             # Its state as of the last update recorded here; kept in this process too, for a checkpoint after it
             # stopped (a learner used as a library).

@@ -13,8 +13,8 @@ import torch
 
 from seed.contracts import FinishedEpisodes
 from seed.experience.training_batches import FifoExperience, ReplayExperience
-from seed.learner.supervised_thread import SupervisedThread
 from seed.metrics.recording import LearnerMetrics, MetricsWriter
+from seed.runtime.supervised_thread import SupervisedThread
 
 
 class EpisodeRecorder:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from seed.envs.base import EnvSpec
-from seed.learner.supervised_thread import SupervisedThread, episodes_fault_from_environment
+from seed.runtime.supervised_thread import SupervisedThread, episodes_fault_from_environment
 from seed.serving.slab import SlabLayout
 from seed.transport import TransportSecurity
 

@@ -57,7 +57,7 @@ from seed.config import LearnerConfig, torch_threads
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
 from seed.inference.parameter_publisher import copy_tensors
-from seed.learner.supervised_thread import SupervisedThread
+from seed.runtime.supervised_thread import SupervisedThread
 from seed.training import data_parallel, liveness
 from seed.training.batch_workers import BatchWorkerDied, BatchWorkers
 from seed.training.liveness import TrainingFault, TrainingProgress, die_with_parent, step_allowance_s
@@ -190,7 +190,7 @@ def _set_up_process(spec: TrainingProcessSpec) -> tuple[torch.device, data_paral
     its share of each batch (None without --training_devices)."""
     config, rank, world = spec.config, spec.rank, spec.world
     die_with_parent(spec.learner_pid)
-    from seed.learner.host_memory import keep_freed_memory
+    from seed.runtime.host_memory import keep_freed_memory
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner decides when to stop (Ctrl-C reaches the group)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
