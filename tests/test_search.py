@@ -370,7 +370,7 @@ def test_seed_bench_search_writes_its_result(tmp_path):
 
 def test_first_argmax0_takes_the_lowest_index_among_ties():
     """The numpy argmax over the first axis (tree.first_argmax0, an elementwise reduction in place of numpy's
-    argmax) against numpy's and torch's argmax, on scores full of ties and -inf (masked actions)."""
+    argmax) against numpy's and torch's argmax, on scores full of ties and -inf (masked actions), then NaN."""
     import numpy as np
 
     from seed.agents.muzero.search.tree import first_argmax0
@@ -383,6 +383,12 @@ def test_first_argmax0_takes_the_lowest_index_among_ties():
     assert (expected > 0).any() and (expected == 0).any()
     got = first_argmax0(scores)
     np.testing.assert_array_equal(got, expected)
+    np.testing.assert_array_equal(first_argmax0(torch.from_numpy(scores)).numpy(), expected)
+    # A NaN is the argmax, the first of them (numpy's and torch's); seen failing before: index 7, past the actions.
+    scores[rng.random(scores.shape) < 0.1] = np.nan
+    expected = scores.argmax(0)
+    assert np.isnan(scores).any(0).sum() > 10 and (expected[np.isnan(scores).any(0)] > 0).any()
+    np.testing.assert_array_equal(first_argmax0(scores), expected)
     np.testing.assert_array_equal(first_argmax0(torch.from_numpy(scores)).numpy(), expected)
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from seed.agents.muzero.search import RootInput, SearchConfig, search
+from seed.agents.muzero.search import RecurrentOutput, RootInput, SearchConfig, search
 from seed.agents.muzero.search.compiled_gumbel import completed_q_sigma, gumbel_params, interior_action, root_action
 from seed.agents.muzero.search.compiled_puct import puct_action, visit_terms
 from seed.agents.muzero.search.compiled_tree import backup_leaves, expand_leaves
@@ -166,6 +166,75 @@ def test_compiled_search_breaks_ties_and_terminals_as_numpy_does(algorithm, seed
     numba_out = search_with("numba", root, model, config, None)
     assert_same_search(numba_out, search_with("numpy", root, model, config, None))
     assert (numba_out.tree.children_discount == 0).any()
+
+
+def broken_model(num_actions: int, field: str, bad: float):
+    """hashed_model whose outputs are `bad` (NaN, inf) in `field` ("value", "reward", "discount" or "logits") for
+    every third hash: a network that diverged on some of the positions the search reaches."""
+    model = hashed_model(num_actions)
+
+    def recurrent_fn(embedding, actions):
+        out = model(embedding, actions)
+        hit = out.embedding[:, 0] % 3 == 0
+        fields = dict(reward=out.reward, discount=out.discount, value=out.value,
+                      prior_logits=torch.where(hit[:, None], bad, out.prior_logits) if field == "logits"
+                      else out.prior_logits)
+        if field != "logits":
+            fields[field] = torch.where(hit, bad, fields[field])
+        return RecurrentOutput(embedding=out.embedding, **fields)
+
+    return recurrent_fn
+
+
+def assert_same_broken_search(out, expected) -> None:
+    """assert_same_search where the trees hold NaN: the same NaN in the same places."""
+    assert torch.equal(out.visit_counts, expected.visit_counts) and torch.equal(out.action, expected.action)
+    a, b = out.tree, expected.tree
+    assert torch.equal(a.children_index, b.children_index) and torch.equal(a.visit_count, b.visit_count)
+    for name in ("value_sum", "children_values", "min_q", "max_q"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), rtol=0, atol=0, equal_nan=True, msg=name)
+    torch.testing.assert_close(out.root_value, expected.root_value, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(out.action_weights, expected.action_weights, rtol=0, atol=1e-12, equal_nan=True)
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered:RuntimeWarning")  # numpy on the NaN and inf
+@pytest.mark.parametrize("algorithm", ["puct", "gumbel"])
+@pytest.mark.parametrize("broken", ["value", "reward", "discount", "logits", "root value", "root logits",
+                                    "value inf", "value -inf"])
+def test_a_broken_network_never_gets_an_invalid_root_action_and_every_backend_agrees(monkeypatch, algorithm,
+                                                                                     broken):
+    """NaN (or an infinity) in the network's outputs, at the roots or at a third of the leaves, with actions 0 and 3
+    invalid at every root: no backend visits or returns an invalid action, and the compiled search, the numpy loop
+    and the torch loop (the path of other devices) build the same trees. Seen failing before the fix: the
+    compiled search chose the invalid action 0 once a NaN reached a tree (NaN never beat its -inf), and the numpy
+    loop's pUCT argmax gave index A (out of range) for a row holding a NaN."""
+    import seed.agents.muzero.search as search_package
+
+    num_actions, batch = 6, 5
+    bad = float("-inf") if broken.endswith("-inf") else float("inf") if broken.endswith("inf") else float("nan")
+    field = broken.split()[-1] if broken.startswith("root") else broken.split()[0]
+    root = roots(batch, num_actions, seed=1)
+    if broken == "root value":
+        root = RootInput(root.prior_logits, torch.full_like(root.value, bad), root.embedding)
+    elif broken == "root logits":
+        logits = root.prior_logits.clone()
+        logits[:, 2] = bad
+        root = RootInput(logits, root.value, root.embedding)
+    model = hashed_model(num_actions) if broken.startswith("root") else broken_model(num_actions, field, bad)
+    invalid = torch.zeros(batch, num_actions, dtype=torch.bool)
+    invalid[:, [0, 3]] = True
+    config = SearchConfig(num_simulations=16, algorithm=algorithm, dirichlet_fraction=0.0)
+    numba_out = search_with("numba", root, model, config, invalid)
+    numpy_out = search_with("numpy", root, model, config, invalid)
+    monkeypatch.setattr(search_package, "NUMPY_ON_CPU", False)
+    torch_out = search_with("numpy", root, model, config, invalid)
+    for name, out in (("numba", numba_out), ("numpy", numpy_out), ("torch", torch_out)):
+        assert not out.visit_counts[invalid].any(), (name, out.visit_counts)
+        assert not invalid.gather(1, out.action[:, None]).any(), (name, out.action)
+    assert_same_broken_search(numba_out, numpy_out)
+    assert_same_broken_search(torch_out, numpy_out)
+    tree = numpy_out.tree
+    assert not (tree.value_sum.isfinite().all() and tree.prior.isfinite().all())  # the broken outputs got in
 
 
 def test_compiled_search_gives_the_numpy_visit_counts_in_float32():
@@ -365,8 +434,7 @@ def test_puct_action_gives_the_scalar_and_numpy_choices(seed):
     for with_range in (True, False):
         if not with_range:
             t.min_q[:], t.max_q[:] = np.inf, -np.inf
-        root_mask = np.where(invalid, -np.inf, 0.0)
-        refresh(t, rows, t.node[rows, VISITS], None, tree.num_nodes, root_mask, config.pb_c_base, config.pb_c_init)
+        refresh(t, rows, t.node[rows, VISITS], None, tree.num_nodes, invalid, config.pb_c_base, config.pb_c_init)
         chosen = []
         for row in rows:
             b = t.row_tree[row]

@@ -37,6 +37,8 @@ Conventions (the scalar reference in reference.py follows the same): the root an
 expansion as one visit with their network value; Q(s, a) = reward + discount * V(child) with the edge's own
 discount (0 after a terminal); pUCT's Q is min-max normalised per tree over the Q values its backups have seen,
 0 for unvisited children and 0 everywhere while the tree has no range; ties go to the lowest action index.
+Network outputs that are not finite (a diverged network's NaN) meet the same arithmetic in every backend (puct.py):
+the same trees, and an invalid root action is never chosen.
 """
 
 from __future__ import annotations
@@ -259,11 +261,10 @@ def _reference_loop(tree: Tree, recurrent_fn: RecurrentFn, config: SearchConfig,
                     gumbel_logits: Tensor | None, considered_visits: Tensor | None) -> None:
     """The simulations as numpy calls (host: on numpy views of the CPU tree) or torch calls (the tensors, on any
     device); see the module docstring. gumbel_logits [B, A] and considered_visits [S, B] for Gumbel MuZero."""
-    b, a = tree.num_trees, tree.num_actions
     simulations = config.num_simulations
     invalid = tree.root_invalid
     gumbel = gumbel_logits is not None
-    dtype, device = tree.node.dtype, tree.node.device
+    device = tree.node.device
 
     def array(x: Tensor) -> Any:
         return x.numpy() if host else x
@@ -273,8 +274,8 @@ def _reference_loop(tree: Tree, recurrent_fn: RecurrentFn, config: SearchConfig,
         root_args = array(gumbel_logits.T.contiguous()), array(considered_visits), array(invalid.T.contiguous())
         refresh_choices(t, t.base, root_args[0], root_args[1][0], root_args[2], config)
     else:
-        root_mask = array(torch.zeros(b, a, dtype=dtype, device=device).masked_fill(invalid, -torch.inf))
-        refresh(t, t.base, t.node[t.base, VISITS], None, 1, root_mask, config.pb_c_base, config.pb_c_init)
+        root_invalid = array(invalid)
+        refresh(t, t.base, t.node[t.base, VISITS], None, 1, root_invalid, config.pb_c_base, config.pb_c_init)
     depth = DepthBound(device)
     for k in range(simulations):
         rows = t.base
@@ -294,5 +295,5 @@ def _reference_loop(tree: Tree, recurrent_fn: RecurrentFn, config: SearchConfig,
             refresh_choices(t, backed, root_args[0], next_visit, root_args[2], config)
         else:
             # Every node's score moved in the trees whose normalisation changed (on the host: only those trees).
-            refresh(t, backed, visits, rescaled if host else None, k + 2, root_mask, config.pb_c_base,
+            refresh(t, backed, visits, rescaled if host else None, k + 2, root_invalid, config.pb_c_base,
                     config.pb_c_init)

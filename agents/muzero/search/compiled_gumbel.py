@@ -10,7 +10,8 @@ The formulas are gumbel.py's, per node and in the tree's dtype (see gumbel.py fo
                    LOW_LOGIT)
     inside         argmax softmax(logits + sigma)(a) - N(a) / N(s)                    N(s) = 1 + sum_b N(b)
 
-Ties go to the lowest action index. As in compiled_puct.py, each node's choice is computed as the descent reaches
+Ties go to the lowest action index, a NaN score wins (numpy's argmax), and the minima and maxima propagate a NaN
+as numpy's do (compiled_tree.py). As in compiled_puct.py, each node's choice is computed as the descent reaches
 it (the numpy search caches it and refreshes it after each backup: the same choices). The selections are inlined
 into the descent (a call per node costs about as much as a root's pick).
 
@@ -27,8 +28,11 @@ from numba import njit
 
 from seed.agents.muzero.search.compiled_tree import (
     backup_leaves,
+    beats,
     expand_leaves,
     gather_embeddings,
+    propagating_max,
+    propagating_min,
     store_embeddings,
 )
 from seed.agents.muzero.search.tree import EDGE_VISITS, LOGITS, PRIOR, RAW_VALUE, VISITS, Q
@@ -65,7 +69,8 @@ def completed_q_sigma(edge: np.ndarray, row: int, node_visits: float, raw_value:
         visits = edge[row, EDGE_VISITS, a]
         completed = edge[row, Q, a] if visits > 0 else mixed
         sigma[a] = completed
-        low, high, max_visits = min(low, completed), max(high, completed), max(max_visits, visits)
+        low, high = propagating_min(low, completed), propagating_max(high, completed)
+        max_visits = max(max_visits, visits)
     span = max(high - low, params[SPAN_FLOOR])
     scale = (params[MAXVISIT_INIT] + max_visits) * params[VALUE_SCALE]
     for a in range(num_actions):
@@ -77,13 +82,14 @@ def root_action(edge: np.ndarray, row: int, sigma: np.ndarray, gumbel_logits: np
                 root_invalid: np.ndarray, tree: int, params: np.ndarray) -> int:
     """Sequential halving's pick at root `row` of tree `tree`: argmax of max(g + logits + sigma, LOW_LOGIT) over
     the valid actions whose visits equal considered_visit (0 when there is none). sigma [A] (completed_q_sigma's);
-    gumbel_logits [B, A]: g + logits - max(logits); root_invalid [B, A] bool."""
+    gumbel_logits [B, A]: g + logits - max(logits); root_invalid [B, A] bool. An invalid action is never chosen,
+    whatever the scores (a NaN among them wins, as in numpy's argmax)."""
     best, top = 0, edge.dtype.type(-np.inf)
     for a in range(edge.shape[2]):
         if edge[row, EDGE_VISITS, a] != considered_visit or root_invalid[tree, a]:
             continue
-        score = max(gumbel_logits[tree, a] + sigma[a], params[LOW_LOGIT])
-        if score > top:
+        score = max(gumbel_logits[tree, a] + sigma[a], params[LOW_LOGIT])  # a NaN first: max keeps it, as numpy's
+        if beats(score, top):
             best, top = a, score
     return best
 
@@ -96,7 +102,7 @@ def interior_action(edge: np.ndarray, row: int, node_visits: float, sigma: np.nd
     top = edge.dtype.type(-np.inf)
     for a in range(num_actions):
         sigma[a] = edge[row, LOGITS, a] + sigma[a]
-        top = max(top, sigma[a])
+        top = propagating_max(top, sigma[a])
     total = edge.dtype.type(0)
     for a in range(num_actions):
         sigma[a] = math.exp(sigma[a] - top)
@@ -104,7 +110,7 @@ def interior_action(edge: np.ndarray, row: int, node_visits: float, sigma: np.nd
     best, best_score = 0, edge.dtype.type(-np.inf)
     for a in range(num_actions):
         score = sigma[a] / total - edge[row, EDGE_VISITS, a] / node_visits
-        if score > best_score:
+        if beats(score, best_score):
             best, best_score = a, score
     return best
 

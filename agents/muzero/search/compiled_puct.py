@@ -6,7 +6,8 @@ The score is puct.py's, in the same order of operations and in the tree's dtype:
     score(s, a) = (log((N(s) + c2 + 1) / c2) + c1) * (sqrt(N(s)) / (N(s, a) + 1)) * P(s, a) + Qn(s, a)
     Qn(s, a)    = max((Q(s, a) - min_q) / (max_q - min_q), 0) for a visited child when the tree has a range, else 0
 
-invalid root actions score -inf, ties go to the lowest action index. The numpy search caches the first term and
+invalid root actions score -inf, ties go to the lowest action index, a NaN score wins (numpy's argmax; see
+puct.py for non-finite network outputs). The numpy search caches the first term and
 each node's choice and refreshes them after a backup; here each node's choice is computed as the descent reaches
 it, from the same statistics, so no cache is kept (every node on a descent was backed up through since the last
 descent that reached it, so a cache would be recomputed there anyway).
@@ -41,10 +42,10 @@ def visit_terms(pb_c_base: float, pb_c_init: float, num_simulations: int, dtype:
 def puct_action(edge: np.ndarray, row: int, visits: int, low: float, span: float, root_invalid: np.ndarray,
                 tree: int, is_root: bool, terms: np.ndarray, scores: np.ndarray) -> int:
     """argmax_a score(row, a), the lowest index among ties. visits: N(row); low, span: the tree's normaliser
-    (min_q and max_q - min_q when it has a range, else +inf and 1: every Qn is then 0, as for an unvisited child,
-    whose Q is -inf); root_invalid [B, A] bool: row `tree` holds the tree's invalid root actions (read when
-    is_root); terms: visit_terms; scores [A]: scratch. Inlined where it is called (a call per node costs about as
-    much as its arithmetic)."""
+    (`normaliser`'s: min_q and max_q - min_q when the tree has a range, else +inf and 1: every Qn is then 0, as for
+    an unvisited child, whose Q is -inf); root_invalid [B, A] bool: row `tree` holds the tree's invalid root
+    actions (read when is_root); terms: visit_terms; scores [A]: scratch. Inlined where it is called (a call per
+    node costs about as much as its arithmetic)."""
     zero = edge.dtype.type(0)
     one = edge.dtype.type(1)
     pb_c, sqrt_visits = terms[0, visits], terms[1, visits]
@@ -59,6 +60,14 @@ def puct_action(edge: np.ndarray, row: int, visits: int, low: float, span: float
     return first_argmax(scores)
 
 
+@njit(cache=True, error_model="numpy", inline="always")
+def normaliser(min_q: float, max_q: float, no_range: tuple[float, float]) -> tuple[float, float]:
+    """(low, span) of a tree (puct.q_normaliser): (min_q, max_q - min_q) when that span is positive and finite
+    (not NaN), else `no_range`, (+inf, 1) in the tree's dtype."""
+    span = max_q - min_q
+    return (min_q, span) if span > 0 and span < np.inf else no_range
+
+
 @njit(cache=True, error_model="numpy")
 def puct_descend(node: np.ndarray, edge: np.ndarray, child_row: np.ndarray, num_nodes: int, min_q: np.ndarray,
                  max_q: np.ndarray, root_invalid: np.ndarray, terms: np.ndarray, parent_rows: np.ndarray,
@@ -69,7 +78,7 @@ def puct_descend(node: np.ndarray, edge: np.ndarray, child_row: np.ndarray, num_
     scores = np.empty(edge.shape[2], edge.dtype)
     no_range = edge.dtype.type(np.inf), edge.dtype.type(1)  # (low, span) in the tree's dtype
     for b in range(min_q.shape[0]):
-        low, span = (min_q[b], max_q[b] - min_q[b]) if max_q[b] > min_q[b] else no_range
+        low, span = normaliser(min_q[b], max_q[b], no_range)
         row = b * num_nodes
         action = puct_action(edge, row, int(node[row, VISITS]), low, span, root_invalid, b, True, terms, scores)
         child = child_row[row, action]

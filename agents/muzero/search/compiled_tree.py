@@ -13,6 +13,11 @@ The arithmetic runs in the tree's dtype (float32 or float64), in the order of th
 float64 trees the numbers are the numpy search's, bit for bit. The prior's softmax is computed here (numpy's
 search calls torch's), so a prior may differ from it in the last bit.
 
+Network outputs that are not finite (a diverged network's NaN) meet numpy's arithmetic here too, so that every
+backend makes the same choices (see puct.py): `propagating_min` / `propagating_max` where numpy's minimum and
+maximum propagate a NaN (Python's min and max, as Numba compiles them, keep their first argument instead), and
+`first_argmax`, numpy's argmax, where a NaN is the maximum.
+
 Every compiled function of the search uses error_model="numpy": a division by zero gives inf or nan instead of
 raising, so the loops carry no exception branch and LLVM vectorises them (the searches never divide by zero). The
 functions called from Python (the steps, tree_indices) release the GIL: a search's arrays are its own, so a search
@@ -46,14 +51,35 @@ from seed.agents.muzero.search.tree import (
 
 
 @njit(cache=True, error_model="numpy", inline="always")
+def beats(score: float, top: float) -> bool:
+    """Whether `score` takes the argmax from the best so far, `top`, as in numpy's argmax: a larger score, or the
+    first NaN (a NaN compares false with everything, so without the second test it would never win and the first
+    index, an invalid action's -inf, would stay chosen)."""
+    return score > top or (score != score and top == top)
+
+
+@njit(cache=True, error_model="numpy", inline="always")
 def first_argmax(scores: np.ndarray) -> int:
-    """The index of the largest of scores [A], the lowest among ties (numpy's argmax; 0 when all are -inf)."""
+    """The index of the largest of scores [A], the lowest among ties, the first NaN if there is one (numpy's argmax;
+    0 when all are -inf)."""
     best = 0
     top = scores[0]
     for a in range(1, scores.shape[0]):
-        if scores[a] > top:
+        if beats(scores[a], top):
             best, top = a, scores[a]
     return best
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def propagating_min(a: float, b: float) -> float:
+    """numpy's minimum of two numbers: NaN if either is NaN."""
+    return a if (a < b or a != a) else b
+
+
+@njit(cache=True, error_model="numpy", inline="always")
+def propagating_max(a: float, b: float) -> float:
+    """numpy's maximum of two numbers: NaN if either is NaN."""
+    return a if (a > b or a != a) else b
 
 
 @njit(cache=True, error_model="numpy")
@@ -134,8 +160,8 @@ def backup_leaves(node: np.ndarray, node_index: np.ndarray, edge: np.ndarray, nu
             edge[parent, EDGE_VALUES, action] = mean
             edge[parent, Q, action] = q
             if min_max:
-                min_q[b] = min(min_q[b], q)
-                max_q[b] = max(max_q[b], q)
+                min_q[b] = propagating_min(min_q[b], q)
+                max_q[b] = propagating_max(max_q[b], q)
             g = discount * g + reward
             row = parent
 

@@ -13,7 +13,12 @@ first selection already follows the prior), and Qn the tree's min-max normalised
 
 min_q / max_q run over every Q computed in a backup of that tree (the edges of each backed-up path, the new leaf's
 included; the root has no edge into it and adds nothing). Ties go to the lowest action index. Invalid root actions
-score -inf.
+score -inf, whatever the network gave, and are never chosen.
+
+Network outputs that are not finite (a diverged network's NaN) follow numpy's arithmetic, the same in every
+backend (compiled_puct.py, the numpy and the torch loops): a NaN propagates through the scores, min_q and max_q;
+a NaN score is the argmax (numpy's and torch's argmax: the first NaN); a tree whose min_q or max_q is NaN, or whose
+range is infinite, has no range (every Qn 0).
 
 The first term only changes when the node is backed up through, so it is cached per child (edge channel PB) and
 recomputed for the nodes of each backed-up path. After each backup the choice of every node whose score may have
@@ -66,11 +71,13 @@ def prior_scores(prior: Array, children_visits: Array, visits: Array, pb_c_base:
 
 def q_normaliser(min_q: Array, max_q: Array) -> tuple[Array, Array]:
     """(low [B], span [B]) such that clip((Q - low) / span, 0) is the normalised Q of a visited child and 0 for an
-    unvisited one (whose cached Q is -inf). Without a range (max_q <= min_q) low is +inf, so every normalised value
-    is 0. min_q, max_q [B]."""
+    unvisited one (whose cached Q is -inf). Without a range (max_q <= min_q, either NaN, or an infinite span, which
+    would make the unvisited children's (-inf - low) / span NaN) low is +inf, so every normalised value is 0.
+    min_q, max_q [B]."""
     xp = namespace(min_q)
-    has_range = max_q > min_q
-    return xp.where(has_range, min_q, np.inf), xp.where(has_range, max_q - min_q, 1.0)
+    span = max_q - min_q
+    has_range = (span > 0) & (span < np.inf)
+    return xp.where(has_range, min_q, np.inf), xp.where(has_range, span, 1.0)
 
 
 def puct_choices(prior_score: Array, q: Array, low: Array, span: Array) -> Array:
@@ -83,7 +90,7 @@ def puct_choices(prior_score: Array, q: Array, low: Array, span: Array) -> Array
     return first_argmax0(normalised)
 
 
-def refresh(t: TreeArrays, rows: Array, visits: Array, rescaled: Array | None, num_used: int, root_mask: Array,
+def refresh(t: TreeArrays, rows: Array, visits: Array, rescaled: Array | None, num_used: int, root_invalid: Array,
             pb_c_base: float, pb_c_init: float) -> None:
     """After a backup: recomputes the cached exploration term (channel PB) of the nodes just backed up through,
     then the pUCT action (`choice`) and the child it leads to (`next_row`) of every node whose score moved: those
@@ -92,13 +99,14 @@ def refresh(t: TreeArrays, rows: Array, visits: Array, rescaled: Array | None, n
     rows [M] (the first B are the roots, in tree order; the scratch row may appear) and their visits [M];
     rescaled [B] bool, the trees whose min_q or max_q changed (None: refresh every node of every tree, as on
     devices where a data-dependent size would need a host sync); num_used: the nodes 0 .. num_used - 1 in use per
-    tree; root_mask [B, A]: 0 for valid root actions, -inf for invalid ones, added to the root's scores so that
-    they are never selected.
+    tree; root_invalid [B, A] bool: the invalid root actions, whose cached term is -inf so that they are never
+    selected (set, not added: a NaN prior plus -inf would be NaN, the argmax).
     """
     xp = namespace(rows)
     edges = t.edge[rows, EDGE_VISITS:PRIOR + 1]  # [M, 2, A]: VISITS, PRIOR
     scores = prior_scores(edges[:, 1], edges[:, 0], visits, pb_c_base, pb_c_init)
-    scores[:root_mask.shape[0]] += root_mask
+    roots = root_invalid.shape[0]
+    scores[:roots] = xp.where(root_invalid, -np.inf, scores[:roots])
     t.edge[rows, PB] = scores
     nodes = t.rows[:, :num_used]  # [B, num_used]
     if rescaled is None:
@@ -177,10 +185,11 @@ def backup(t: TreeArrays, path: list[Array], leaf_rows: Array, leaf_value: Array
 
 
 def _take_in_range(t: TreeArrays, q: Array) -> Array:
-    """Widens each tree's [min_q, max_q] to the backed-up Q [L, B]; returns whether it changed [B] bool."""
+    """Widens each tree's [min_q, max_q] to the backed-up Q [L, B]; returns whether it changed [B] bool (True
+    wherever a NaN is involved: a NaN bound takes away the range)."""
     xp = namespace(q)
     low, high = amin(q, 0), amax(q, 0)
-    rescaled = (low < t.min_q) | (high > t.max_q)
+    rescaled = ~((low >= t.min_q) & (high <= t.max_q))
     xp.minimum(t.min_q, low, out=t.min_q)
     xp.maximum(t.max_q, high, out=t.max_q)
     return rescaled

@@ -95,19 +95,22 @@ _DESCENDING: dict[int, np.ndarray] = {}
 
 
 def first_argmax0(array: Array) -> Array:
-    """The index of the maximum over the first axis, the lowest among ties: [A, ...] -> [...] int64.
+    """The index of the maximum over the first axis, the lowest among ties, a NaN counting as the maximum (numpy's
+    and torch's argmax): [A, ...] -> [...] int64.
 
     numpy's argmax over any axis but the last, and any reduction over a short last axis, cost about 40 ns per row;
     an elementwise reduction over the first axis costs a few ns per element. So on numpy: the maximum over the
-    first axis, then the lowest index that reaches it as a maximum of (A - a) over the rows that do."""
+    first axis (NaN where a row holds one), then the lowest index that reaches it, or is NaN, as a maximum of
+    (A - a) over the rows that do."""
     if not isinstance(array, np.ndarray):
-        return array.argmax(0)  # torch returns the first maximal index
+        return array.argmax(0)  # torch returns the first maximal index, the first NaN if there is one
     a = array.shape[0]
     weights = _DESCENDING.get(a)
     if weights is None:
         weights = _DESCENDING[a] = np.arange(a, 0, -1, dtype=np.int64)
     weights = weights.reshape(a, *(1,) * (array.ndim - 1))
-    return a - ((array == array.max(0)) * weights).max(0)
+    # NaN != NaN: a NaN is nobody's maximum, yet it is the argmax (without this, a column with one gave index A)
+    return a - (((array == array.max(0)) | (array != array)) * weights).max(0)
 
 
 def tree_map(fn: Any, tree: Any) -> Any:
