@@ -1,6 +1,6 @@
-"""Data contracts have one home: each record is defined once (seed/contracts.py, seed/contracts/training.py) and the
-modules of seed/, agents/ and envs/ import each other without a cycle (deferred imports inside functions
-count: they hide a cycle rather than remove it)."""
+"""Data contracts have one home: each record is defined once (seed/contracts.py, seed/contracts/training.py); the
+modules of seed/, agents/ and envs/ import each other without a cycle, and no import runs up or sideways between
+the rooms of LAYERS (deferred imports inside functions count: they hide a dependency rather than remove it)."""
 
 from __future__ import annotations
 
