@@ -186,7 +186,8 @@ def test_a_learner_with_a_reanalyse_worker_trains_logs_it_and_ends_naming_it_whe
     """--target_update_interval=2: the training process republishes the target network every 2 updates, so the
     worker's staleness (updates between the network that reanalysed a batch and the one it trains) stays within
     the interval plus the batches ahead of it, however many updates the run makes. Seen failing with a target network
-    never republished to the workers (staleness 12 at update 14), and with a worker that loads it only once."""
+    never republished to the workers (staleness 15.5 at update 20), and with a worker that loads it only once (14.5
+    at update 17)."""
     logdir = str(tmp_path / "run")
     address = f"unix:{tmp_path}/learner.sock"
     interval = 2
