@@ -211,28 +211,98 @@ def test_cli_errors_are_one_line(tmp_path):
     assert time.monotonic() - started < 30
 
 
-def test_gpu_check_script_names_shipped_configurations(tmp_path):
+def _dry_run_commands(tmp_path, *flags):
     script = os.path.join(REPO, "launch", "gpu_check.sh")
-    assert subprocess.run(["bash", "-n", script]).returncode == 0
-    completed = subprocess.run([script, "--dry_run", "--out_dir=gpu", "--", "--duration_s=60"], cwd=tmp_path,
-                               capture_output=True, text=True, timeout=60)
+    completed = subprocess.run([script, "--dry_run", "--out_dir=gpu", *flags], cwd=tmp_path, capture_output=True,
+                               text=True, timeout=60)
     assert completed.returncode == 0, completed.stderr
-    commands = [line[2:].split() for line in completed.stderr.splitlines() if line.startswith("+ ")]
-    assert [c[0] for c in commands] == ["seed-bench"] * 4 + ["seed-report"]
-    named = configs.load_bench_configs(configs.DEFAULT_CONFIGS)
+    return [line[2:].split() for line in completed.stderr.splitlines() if line.startswith("+ ")]
+
+
+def test_gpu_check_dry_run_prints_every_step_of_the_gpu_path(tmp_path):
+    """launch/gpu_check.sh --dry_run --learn: the CUDA tests, the search bench, both benches with their env_only
+    ceilings on shipped GPU configurations, MuZero stopped and resumed in one logdir, the 8-minute Pong run with
+    evaluation envs, the reports; nothing is written."""
+    from seed.presets import PRESETS
+
+    assert subprocess.run(["bash", "-n", os.path.join(REPO, "launch", "gpu_check.sh")]).returncode == 0
+    commands = _dry_run_commands(tmp_path, "--learn")
     out_dir = str(tmp_path / "gpu")
-    for command in commands[:4]:
+    tests = next(c for c in commands if "pytest" in c)
+    assert "tests/test_cuda.py" in tests and "tests/test_graph_lock.py" in tests
+    search = next(c for c in commands if "search-gpu" in c)
+    assert "--batch=16,256" in search and "--simulations=50" in search and "--actions=18" in search
+    named = configs.load_bench_configs(configs.DEFAULT_CONFIGS)
+    benches = [c for c in commands if c[0] == "seed-bench" and "search-gpu" not in c]
+    assert [dict(a[2:].split("=", 1) for a in c[1:] if "=" in a)["name"] for c in benches] == [
+        "r2d2_atari_gpu", "pong_vtrace_gpu"]
+    for command in benches:
         args = dict(a[2:].split("=", 1) for a in command[1:] if "=" in a)
-        assert args["config"] in named and args["out"] == f"{out_dir}/{args['name']}.json"
-        assert args["runs_dir"] == f"{out_dir}/runs" and args["duration_s"] == "60"
-    by_name = {dict(a[2:].split("=", 1) for a in c[1:] if "=" in a)["name"]: c for c in commands[:4]}
-    assert "--baselines=actor_side" in by_name["pong_vtrace_gpu"]
-    for name in ("pong_vtrace_gpu", "fake_atari_gpu", "r2d2_atari_gpu"):  # the GPU configurations train on cuda:0
-        config = named[dict(a[2:].split("=", 1) for a in by_name[name][1:] if "=" in a)["config"]]
-        assert config["training_device"] == "cuda:0" and config["requires"] == "cuda"
-    assert "--baselines=transport" in by_name["fake_atari_gpu"]
-    assert "--pricing=current" in commands[4] and "--compare_pricing=paper" in commands[4]
+        assert args["config"] in named and named[args["config"]]["training_device"] == "cuda:0"
+        assert args["baselines"] == "env_only" and args["out"] == f"{out_dir}/{args['name']}.json"
+    launches = [c for c in commands if "seed.local_launcher" in c]
+    muzero = [c for c in launches if "--preset=atari100k_muzero_gpu" in c]
+    assert [c[c.index("-k") + 2] for c in muzero] == ["90", "60"]  # timeout -s TERM -k 60 SECONDS
+    assert len({next(a for a in c if a.startswith("--logdir=")) for c in muzero}) == 1  # resumed in the same logdir
+    learn = [c for c in launches if "--preset=pong_vtrace_gpu" in c]
+    assert len(learn) == 1 and learn[0][learn[0].index("-k") + 2] == "480"
+    assert PRESETS["pong_vtrace_gpu"]["num_eval_envs"] > 0
+    assert any(c[0] == "seed-report" and "--curves" in c for c in commands)
+    assert commands[-1][-2:] == ["seed.bench.gpu_check_report", out_dir]
     assert not os.path.exists(out_dir)  # a dry run writes nothing
+    # Without --learn the 8-minute run is left out; --only picks steps and refuses unknown ones.
+    assert not any("--preset=pong_vtrace_gpu" in c for c in _dry_run_commands(tmp_path))
+    only = _dry_run_commands(tmp_path, "--only=muzero_resume")
+    assert sum("seed.local_launcher" in c for c in only) == 2 and not any("search-gpu" in c for c in only)
+    refused = subprocess.run([os.path.join(REPO, "launch", "gpu_check.sh"), "--dry_run", "--only=nope"],
+                             cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2 and "--only: got 'nope'" in refused.stderr
+
+
+def test_gpu_check_report_reads_the_steps_results(tmp_path):
+    """seed.bench.gpu_check_report on the files the steps write: statuses, the headline numbers against the targets,
+    Tracebacks and the resume found in the logs, the evaluation curve and its last score."""
+    import json
+
+    from seed.bench import gpu_check_report
+
+    (tmp_path / "steps.tsv").write_text("search_gpu\t0\t31\nmuzero_resume\t1\t170\n")
+    (tmp_path / "search_gpu.json").write_text(json.dumps({"machine": {"device": "NVIDIA H200"}, "results": {
+        "puct_b256": {"eager": {"search_ms_median": 200.0}, "graphed": {"search_ms_median": 20.0},
+                      "evaluation_visit_counts_equal": True},
+        "gumbel_b256": {"eager": {"search_ms_median": 210.0}, "graphed": {"search_ms_median": 30.0}}}}))
+    (tmp_path / "r2d2_atari_gpu.json").write_text(json.dumps({
+        "env_frames_per_sec": 90_000.0, "round_trip_latency_ms_p50": 3.0, "actor_waiting_fraction": 0.3,
+        "baselines": {"env_only": {"env_frames_per_sec": 150_000.0}}, "gpu": [{"utilization_pct_mean": 40.0}]}))
+    (tmp_path / "muzero_first.log").write_text("Traceback (most recent call last):\n  boom\n")
+    (tmp_path / "muzero_resumed.log").write_text("[learner] resumed from /x/checkpoint-00000001.pt: ...\n")
+    (tmp_path / "muzero_metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"train_steps_per_sec": 0.0, "env_frames_per_sec": 5000.0},
+        {"train_steps_per_sec": 6.0, "env_frames_per_sec": 300.0, "inference/sink_ms": 150.0,
+         "experience/ratio_wait_ms": 140.0},
+        {"train_steps_per_sec": 8.0, "env_frames_per_sec": 400.0, "inference/sink_ms": 130.0,
+         "experience/ratio_wait_ms": 120.0}]))
+    (tmp_path / "learn_metrics.jsonl").write_text("\n".join(json.dumps(r) for r in [
+        {"time_s": 10, "env_frames": 1e6, "eval/return_running_mean_100": None},
+        {"time_s": 20, "env_frames": 2e6, "eval/return_running_mean_100": -20.0},
+        {"time_s": 480, "env_frames": 3e7, "eval/return_running_mean_100": 18.5}]))
+    assert gpu_check_report.main([str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "summary.json").read_text())
+    assert summary["steps"] == [{"step": "search_gpu", "exit_code": 0, "seconds": 31},
+                                {"step": "muzero_resume", "exit_code": 1, "seconds": 170}]
+    assert summary["r2d2_atari_gpu"]["fraction_of_ceiling"] == pytest.approx(0.6)
+    assert summary["pong_vtrace_gpu"] is None  # no file: not measured, never guessed
+    muzero = summary["muzero_resume"]
+    assert muzero["tracebacks"] == 1 and muzero["resumed"] and muzero["rows_while_training"] == 2
+    assert muzero["train_steps_per_sec"] == pytest.approx(7.0) and muzero["inference_sink_ms"] == pytest.approx(140.0)
+    assert summary["learn"]["final_score"] == 18.5 and summary["learn"]["reached_target_at"]["time_s"] == 480
+    assert [p["score"] for p in summary["learn"]["curve"]] == [-20.0, 18.5]
+    report = (tmp_path / "report.md").read_text()
+    assert "| search, 256 trees, puct (graphed, ms) | 20.0 | <= 25 | met |" in report
+    assert "| search, 256 trees, gumbel (graphed, ms) | 30.0 | <= 25 | missed |" in report
+    assert "| r2d2_atari_gpu FPS / ceiling | 0.60 | >= 0.70 | missed |" in report
+    assert "| muzero Tracebacks (both runs) | 1 | 0 | missed |" in report
+    assert gpu_check_report.main([str(tmp_path / "absent")]) == 2
 
 
 def test_env_speed_counts_agent_steps_and_env_frames():

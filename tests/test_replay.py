@@ -176,3 +176,19 @@ def test_replay_ratio_is_enforced_both_ways():
     thread.join(timeout=5)
     assert inserted.is_set()
     stop.set()
+
+
+def test_insert_reports_the_seconds_it_waited_for_the_replay_ratio():
+    """`insert` returns how long the replay ratio held it (the sink's back-pressure, experience/ratio_wait_ms):
+    nothing while inserts may run ahead, about the time sampling took to catch up once they may not."""
+    replay = PrioritizedReplay(capacity=100, priority_exponent=0.9, importance_sampling_exponent=0.6, min_size=4,
+                               replay_ratio=4.0, batch_size=4, seed=0, max_insert_lead=1)
+    assert replay.insert([_unroll(i) for i in range(5)], np.ones(5)) == 0.0  # min_size, then one ahead
+    waited = []
+    thread = threading.Thread(target=lambda: waited.append(replay.insert([_unroll(5)], np.ones(1))))
+    thread.start()
+    thread.join(0.3)
+    assert thread.is_alive()  # held by the ratio until a batch is sampled
+    assert replay.sample(timeout_s=1) is not None
+    thread.join(5)
+    assert not thread.is_alive() and waited[0] >= 0.25

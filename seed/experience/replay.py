@@ -198,15 +198,20 @@ class PrioritizedReplay:
         return self.inserted >= self.min_size and self._inserts_ahead() >= 0
 
     # -- API ---------------------------------------------------------------------------------------------------
-    def insert(self, unrolls: list[Unroll], priorities: np.ndarray) -> None:
-        """Adds sequences with their initial priorities; blocks while inserts run too far ahead of sampling."""
+    def insert(self, unrolls: list[Unroll], priorities: np.ndarray) -> float:
+        """Adds sequences with their initial priorities; blocks while inserts run too far ahead of sampling.
+        Returns the seconds it was blocked so (the replay ratio's back-pressure)."""
+        waited_s = 0.0
         for unroll, priority in zip(unrolls, priorities, strict=True):
             with self._lock:
-                while (self.inserted >= self.min_size and self._inserts_ahead() >= self.max_insert_lead
-                       and not self._stop.is_set()):
-                    self._lock.wait(timeout=0.1)
+                if self.inserted >= self.min_size and self._inserts_ahead() >= self.max_insert_lead:
+                    start = time.perf_counter()
+                    while (self.inserted >= self.min_size and self._inserts_ahead() >= self.max_insert_lead
+                           and not self._stop.is_set()):
+                        self._lock.wait(timeout=0.1)
+                    waited_s += time.perf_counter() - start
                 if self._stop.is_set():
-                    return
+                    return waited_s
                 if not self._steps:
                     self._allocate(unroll)
                 slot = self.next_slot
@@ -222,6 +227,7 @@ class PrioritizedReplay:
                 self.size = min(self.size + 1, self.capacity)
                 self.inserted += 1
                 self._lock.notify_all()
+        return waited_s
 
     def sample(self, timeout_s: float) -> ReplaySample | None:
         """A batch once the replay ratio allows one (None if it does not within `timeout_s`)."""

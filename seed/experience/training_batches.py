@@ -18,6 +18,7 @@ import os
 import queue
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -43,14 +44,23 @@ def _put_until_stopped(target: queue.Queue, item: object, stop: threading.Event)
 class SinkThread:
     """Hands completed unrolls to `sink` on its own thread, so the inference thread only enqueues them.
 
-    The hand-off queue holds `depth` batches of unrolls; when the sink blocks (FIFO full, replay ahead of its
-    ratio) the queue fills and `put` blocks the inference thread: back-pressure still reaches the actors.
+    The hand-off queue holds `depth` batches of unrolls, in order; nothing is dropped. When the sink blocks (FIFO
+    full, replay ahead of its ratio) the queue fills and `put` blocks the inference thread: back-pressure still
+    reaches the actors, and `inference/sink_ms` is that wait. Where the sink's own time goes is recorded with
+    `record` (one sample per batch of unrolls, averaged over the metrics window):
+      experience/sink_ms        the whole call of `sink` on this thread
+      experience/<stage>_ms     the stages `sink` reports (a dict it returns): for the replay
+                                `priorities_ms` (the agent's initial priorities), `insert_ms` (copies into the
+                                replay) and `ratio_wait_ms` (blocked by the replay ratio: training is behind);
+                                for the FIFO `queue_wait_ms` (blocked on a full queue)
     An exception in `sink` ends the thread and is kept in `thread.failure` for the learner's watchdog.
     """
 
-    def __init__(self, sink: Callable[[list[Unroll]], None], stop: threading.Event, depth: int = 4):
+    def __init__(self, sink: Callable[[list[Unroll]], dict[str, float] | None], stop: threading.Event,
+                 depth: int = 4, record: Callable[[dict[str, float]], None] | None = None):
         self._sink = sink
         self._stop = stop
+        self._record = record
         self._queue: queue.Queue[list[Unroll]] = queue.Queue(maxsize=depth)
         self.thread = SupervisedThread(self._loop, "experience-sink")
 
@@ -66,7 +76,11 @@ class SinkThread:
                 unrolls = self._queue.get(timeout=0.1)
             except queue.Empty:
                 continue
-            self._sink(unrolls)
+            start = time.perf_counter()
+            stages = self._sink(unrolls)
+            if self._record is not None:
+                self._record({"experience/sink_ms": (time.perf_counter() - start) * 1e3,
+                              **{f"experience/{name}": value for name, value in (stages or {}).items()}})
 
 
 class UnrollQueue:
@@ -81,6 +95,9 @@ class UnrollQueue:
     def put(self, unrolls: list[Unroll]) -> None:
         for unroll in unrolls:
             _put_until_stopped(self._queue, unroll, self._stop)
+
+    def full(self) -> bool:
+        return self._queue.full()
 
     def get(self, timeout: float) -> Unroll | None:
         try:
@@ -172,8 +189,11 @@ class FifoExperience:
         self.prefetcher = Prefetcher(self.queue.get, batch_size, device, stop, sort_by_env=sort_by_env)
         self.is_eval_env = is_eval_env
 
-    def sink(self, unrolls: list[Unroll]) -> None:
+    def sink(self, unrolls: list[Unroll]) -> dict[str, float]:
+        """Queues the training envs' unrolls; the time blocked on a full queue (training is behind), in ms."""
+        start = time.perf_counter()
         self.queue.put(training_unrolls(unrolls, self.is_eval_env))
+        return {"queue_wait_ms": (time.perf_counter() - start) * 1e3}
 
     def start(self) -> None:
         self.prefetcher.start()
@@ -226,10 +246,19 @@ class ReplayExperience:
     def threads(self) -> list[threading.Thread]:
         return []
 
-    def sink(self, unrolls: list[Unroll]) -> None:
+    def sink(self, unrolls: list[Unroll]) -> dict[str, float]:
+        """Inserts the training envs' unrolls with their initial priorities; where the time went, in ms: the
+        priorities, the copies into the replay, and the wait for the replay ratio (training is behind)."""
         training = training_unrolls(unrolls, self.is_eval_env)
-        if training:
-            self.replay.insert(training, self.initial_priorities(training))
+        if not training:
+            return {}
+        start = time.perf_counter()
+        priorities = self.initial_priorities(training)
+        computed = time.perf_counter()
+        ratio_wait_s = self.replay.insert(training, priorities)
+        inserted = time.perf_counter()
+        return {"priorities_ms": (computed - start) * 1e3, "ratio_wait_ms": ratio_wait_s * 1e3,
+                "insert_ms": (inserted - computed - ratio_wait_s) * 1e3}
 
     def next_batch(self, timeout_s: float) -> TrainingBatch | None:
         sample = self.replay.sample(timeout_s)
@@ -252,7 +281,7 @@ class ReplayExperience:
         return self.replay.stats()
 
     def save(self, logdir: str) -> None:
-        """Writes the replay to `replay.pt` by the checkpoints' rules (seed/learner/checkpoint.py): a temporary file,
+        """Writes the replay to `replay.pt` by the checkpoints' rules (seed/runtime/checkpoint.py): a temporary file,
         fsynced, renamed over `replay.pt` once the file it replaces is kept as `replay.previous.pt`, then the
         logdir fsynced. Inserts wait while the state is written (`frozen_state`), not during the fsync."""
         if not self.checkpoint:

@@ -64,7 +64,7 @@ class InferenceModel:
 @dataclasses.dataclass(frozen=True)
 class UnrollLayout:
     """The unrolls the per-env unroll store cuts: `burn_in + unroll_length + 1` steps each
-    (seed/experience/unroll_store.py)."""
+    (seed/inference/unroll_store.py)."""
 
     unroll_length: int
     burn_in: int = 0

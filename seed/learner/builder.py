@@ -153,7 +153,7 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     if restored:
         experience.restore(config.logdir)
     # Evaluation envs are never trained on: the FIFO queue and the replay both drop their unrolls.
-    sink = SinkThread(sink_fault_from_environment(experience.sink), stop)
+    sink = SinkThread(sink_fault_from_environment(experience.sink), stop, record=metrics.record_values)
     training_process = (TrainingProcess(config, spec, agent, optimizer, metrics.train_steps, experience.next_batch,
                                         stop)
                         if config.training_process else None)

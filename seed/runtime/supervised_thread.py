@@ -117,10 +117,11 @@ class InjectedFault(RuntimeError):
 
 
 T = TypeVar("T")
+R = TypeVar("R")
 
 
-def sink_fault_from_environment(sink: Callable[[T], None], environ: dict[str, str] | None = None
-                                ) -> Callable[[T], None]:
+def sink_fault_from_environment(sink: Callable[[T], R], environ: dict[str, str] | None = None
+                                ) -> Callable[[T], R]:
     """`sink`, or, when SEED_FAULT_SINK_RAISE_AFTER_S=<seconds> is set, `sink` wrapped to raise `InjectedFault`
     on its first call at least that many seconds after this process started (test-only; see the module
     docstring)."""
@@ -137,10 +138,10 @@ def sink_fault_from_environment(sink: Callable[[T], None], environ: dict[str, st
     print(f"[learner] test fault: the experience sink raises {after_s:g}s after the process started "
           f"({SINK_FAULT_ENV})", flush=True)
 
-    def faulty_sink(item: T) -> None:
+    def faulty_sink(item: T) -> R:
         if time.time() >= due:
             raise InjectedFault(f"{SINK_FAULT_ENV}={raw}: injected experience-sink failure")
-        sink(item)
+        return sink(item)
 
     return faulty_sink
 
