@@ -198,7 +198,7 @@ def test_the_learner_refuses_a_box_env_for_a_discrete_agent_at_start(tmp_path):
 
 def _box_inference(agent_class, unrolls: list):
     from seed.inference.central import CentralInference, InferenceModel, InferenceOutputs, UnrollLayout
-    from seed.serving.slab import StepSlab
+    from seed.transport.slab import StepSlab
 
     slab = StepSlab.create(2, 2, (3,), "float32", PENDULUM.action_shape, PENDULUM.action_dtype)
     slab.live_run[:] = 1
@@ -218,7 +218,7 @@ def test_inference_answers_float32_action_vectors_and_stores_them_as_columns():
     """Two actors of 2 envs, 3 steps through the slab: each reply is float32 [2, 1] in [-2, 2]; the unrolls of
     3 steps hold action and prev_action float32 [3, 1], prev_action[t + 1] == action[t] and prev_action[0] == 0
     (a fresh env)."""
-    from seed.serving.slab import REPLY_OK
+    from seed.transport.slab import REPLY_OK
     from tests.toy_box_agent.agent import ToyBoxAgent
 
     unrolls: list = []
@@ -242,7 +242,7 @@ def test_inference_answers_float32_action_vectors_and_stores_them_as_columns():
 
 def test_inference_refuses_an_agent_s_actions_of_the_wrong_shape():
     """An agent answering [B] instead of [B, 1] fails its batch (REPLY_FAILED for its actors), naming the shapes."""
-    from seed.serving.slab import REPLY_FAILED
+    from seed.transport.slab import REPLY_FAILED
     from tests.toy_box_agent.agent import ToyBoxAgent
 
     class Flat(ToyBoxAgent):

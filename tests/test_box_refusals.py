@@ -16,11 +16,11 @@ import pytest
 
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.actor.loop import Actor, InvalidReplyError
-from seed.actor.shm_link import ShmLink, ShmRejected
 from seed.config import ActorConfig
 from seed.envs.base import EnvSpec
-from seed.serving import shm_protocol
 from seed.transport import wire
+from seed.transport.shm import protocol as shm_protocol
+from seed.transport.shm.link import ShmLink, ShmRejected
 from tests.conftest import Processes, read_metrics, wait_for
 
 K = 2

@@ -1,4 +1,4 @@
-"""lz4 observation compression (seed/transport/compression.py): the round trip, the size checked before anything is
+"""lz4 observation compression (seed/transport/grpc/compression.py): the round trip, the size checked before anything is
 decompressed, the codec agreed at the handshake (TCP only), and a training run with --compression=lz4."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs import make_spec
 from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.transport import compression, wire
+from seed.transport import wire
+from seed.transport.grpc import compression
 from tests.conftest import free_tcp_port, read_metrics, wait_for
 
 K = 4

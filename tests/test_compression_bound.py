@@ -1,6 +1,6 @@
-"""lz4's bound on a compressed payload's length (seed/transport/compression.py decode_tensor): a payload longer than
-lz4's
-worst case for the declared size is refused before anything is decompressed, one exactly at the bound is not."""
+"""lz4's bound on a compressed payload's length (seed/transport/grpc/compression.py decode_tensor): a payload
+longer than lz4's worst case for the declared size is refused before anything is decompressed,
+one exactly at the bound is not."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from seed._proto import seed_pb2
-from seed.transport import compression, wire
+from seed.transport import wire
+from seed.transport.grpc import compression
 
 SHAPE = (4, 84, 84)  # 28,224 uint8 bytes; lz4's worst case 28,224 + 28,224 // 255 + 16 = 28,350 bytes
 BOUND = 28_350

@@ -141,7 +141,7 @@ def test_each_inference_device_serves_its_actors(tmp_path):
 
     from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
-    from seed.serving.slab import REPLY_OK
+    from seed.transport.slab import REPLY_OK
     from tests.conftest import serve_steps
 
     config = resolve_config(dict(env="fake:vector", logdir=str(tmp_path), server_address=f"unix:{tmp_path}/s",

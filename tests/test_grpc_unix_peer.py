@@ -1,4 +1,4 @@
-"""The learner's gRPC unix socket admits only its own user (seed/transport/server.py `_listen_unix`).
+"""The learner's gRPC unix socket admits only its own user (seed/transport/grpc/server.py `_listen_unix`).
 
 gRPC (grpcio 1.85) gives the server no peer uid for a unix connection (no SO_PEERCRED in the peer string or the
 auth context), so the shared-memory handover's rule (the peer must run as the learner's user) is kept by the

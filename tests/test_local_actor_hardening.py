@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 from seed._proto import seed_pb2
-from seed.actor.shm_link import ShmLink, ShmUnavailable
 from seed.inference.central import request_latencies_s
-from seed.serving import notify, shm_protocol
-from seed.serving.slab import StepSlab
+from seed.transport import notify
+from seed.transport.shm import protocol as shm_protocol
+from seed.transport.shm.link import ShmLink, ShmUnavailable
+from seed.transport.slab import StepSlab
 from tests.conftest import REPO, wait_for
 from tests.test_end_to_end import _learner_args
 
@@ -95,7 +96,7 @@ def test_an_actor_cannot_shrink_the_slab_under_the_learner(slab):
 # A well-behaved writer in its own process: `count` notifications of actor `actor`, sequence numbers 1..count.
 _NOTIFYING_ACTOR = """
 import sys
-from seed.serving import notify
+from seed.transport import notify
 fd, actor, count = map(int, sys.argv[1:4])
 for seq in range(1, count + 1):
     notify.send_request(fd, actor, seq)
@@ -113,7 +114,7 @@ def test_a_malformed_notification_is_dropped_alone(slab, caplog):
         writers = [_python(_NOTIFYING_ACTOR, write_fd, actor, count, pass_fds=(write_fd,)) for actor in (0, 2)]
         received: dict[int, list[int]] = {0: [], 2: []}
         deadline = time.monotonic() + 60
-        with caplog.at_level(logging.WARNING, logger="seed.serving.notify"):
+        with caplog.at_level(logging.WARNING, logger="seed.transport.notify"):
             while sum(map(len, received.values())) < 2 * count and time.monotonic() < deadline:
                 batch = batcher.next_batch(0.5)
                 if batch is None:

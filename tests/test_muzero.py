@@ -28,7 +28,7 @@ from seed.contracts import InferenceBatch
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.serving.slab import REPLY_OK
+from seed.transport.slab import REPLY_OK
 from tests.conftest import REPO, read_metrics, serve_steps, wait_for
 
 

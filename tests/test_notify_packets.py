@@ -1,4 +1,4 @@
-"""The request pipe's packet-size check (seed/serving/notify.py RequestBatcher): a packet of any size that is not
+"""The request pipe's packet-size check (seed/transport/notify.py RequestBatcher): a packet of any size that is not
 a whole number of 16-byte notifications is dropped alone, and the notifications around it arrive whole and in
 order. Sizes 17-31 are the ones a check of the form `n >= 16` would take (and so misalign every later message);
 32 bytes are two notifications one writer wrote at once, which a check of the form `n == 16` would drop."""
@@ -11,8 +11,8 @@ import os
 import numpy as np
 import pytest
 
-from seed.serving import notify
-from seed.serving.slab import StepSlab
+from seed.transport import notify
+from seed.transport.slab import StepSlab
 
 K = 4
 
@@ -42,7 +42,7 @@ def test_packets_of_17_to_31_bytes_are_dropped_alone_and_later_messages_stay_ali
         os.write(write_fd, _message(2, seq + 1) + _message(0, seq + 2))  # two notifications in one packet
         expected += [(2, seq + 1), (0, seq + 2)]
         received = []
-        with caplog.at_level(logging.WARNING, logger="seed.serving.notify"):
+        with caplog.at_level(logging.WARNING, logger="seed.transport.notify"):
             while len(received) < len(expected):
                 batch = batcher.next_batch(1.0)
                 assert batch is not None, f"got {len(received)} of {len(expected)} notifications: {received}"

@@ -16,10 +16,9 @@ from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs import make_spec
 from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.serving import notify
-from seed.serving.service import SlabService
-from seed.serving.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
-from seed.transport import start_grpc_server, wire
+from seed.transport import notify, start_grpc_server, wire
+from seed.transport.grpc.service import SlabService
+from seed.transport.slab import REPLY_FAILED, REPLY_OK, REPLY_STALE, StepSlab
 from tests.conftest import serve_steps, wait_for
 
 K = 4

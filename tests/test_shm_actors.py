@@ -1,4 +1,4 @@
-"""The shared-memory path for actors on the learner's host (seed/actor/shm_link.py, seed/serving/shm_handover.py):
+"""The shared-memory path for actors on the learner's host (seed/transport/shm/link.py, seed/transport/shm/handover.py):
 real learner processes, and either real actor processes or `ShmLink`s driven from the test.
 
 The gRPC path's counterparts: tests/test_actor.py (superseded runs, both transports), tests/test_serving*.py,
@@ -17,9 +17,10 @@ import pytest
 
 from seed._proto import seed_pb2
 from seed.actor.loop import Actor
-from seed.actor.shm_link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
 from seed.config import ActorConfig
-from seed.serving import notify, shm_protocol
+from seed.transport import notify
+from seed.transport.shm import protocol as shm_protocol
+from seed.transport.shm.link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
 from tests.conftest import read_metrics, wait_for
 from tests.test_end_to_end import _actor_args, _learner_args
 

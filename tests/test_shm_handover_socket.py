@@ -1,4 +1,4 @@
-"""The shared-memory handover's socket (seed/serving/shm_handover.py): made mode 0600 without touching the
+"""The shared-memory handover's socket (seed/transport/shm/handover.py): made mode 0600 without touching the
 process-wide umask (other threads of the serving process create files meanwhile), and the learner's own peer
 check: an actor of another user that reaches the socket anyway is refused before anything is handed over.
 
@@ -16,8 +16,8 @@ import threading
 
 import pytest
 
-from seed.serving import shm_protocol
-from seed.serving.shm_handover import ShmHandover
+from seed.transport.shm import protocol as shm_protocol
+from seed.transport.shm.handover import ShmHandover
 from tests.conftest import REPO
 
 NOBODY = 65534

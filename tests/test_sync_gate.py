@@ -31,8 +31,8 @@ from seed.experience.training_batches import Prefetcher
 from seed.inference.rollout_gate import RolloutGate
 from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
-from seed.serving.slab import REPLY_OK, REPLY_STALE
 from seed.transport import wire
+from seed.transport.slab import REPLY_OK, REPLY_STALE
 from tests.conftest import read_metrics, wait_for
 
 T = 2  # --sync_every of the hand-driven tests

@@ -11,9 +11,9 @@ how a restarted actor replaces its dead predecessor); if this actor is still ali
 cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
 call's metadata (seed/transport/). With --transport=shm (or auto, the default, when --server_address is a unix
 socket and the learner offers it) the actor attaches to the learner's step slab instead and its steps skip
-protobuf and gRPC (seed/actor/shm_link.py); handshake, token, superseded runs and reconnection are the same.
+protobuf and gRPC (seed/transport/shm/link.py); handshake, token, superseded runs and reconnection are the same.
 With --compression=lz4 over TCP the actor asks for lz4 in its handshake and, if the learner grants it,
-compresses every step's observations (seed/transport/compression.py); on a unix socket it sends them raw.
+compresses every step's observations (seed/transport/grpc/compression.py); on a unix socket it sends them raw.
 """
 
 from __future__ import annotations
@@ -29,14 +29,15 @@ import grpc
 import numpy as np
 
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor.shm_link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
 from seed.actor.stats import ActorStats
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch
-from seed.serving.shm_protocol import handover_path
-from seed.transport import TransportConfigError, TransportSecurity, compression, open_channel, wire
-from seed.transport.channel import unix_listener_problem
+from seed.transport import TransportConfigError, TransportSecurity, open_channel, wire
+from seed.transport.grpc import compression
+from seed.transport.grpc.channel import unix_listener_problem
+from seed.transport.shm.link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
+from seed.transport.shm.protocol import handover_path
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +115,7 @@ def granted_compression(config: ActorConfig, asked: str, reply: seed_pb2.Handsha
 
 def step_message(step: BatchStep, codec: str = compression.NONE) -> seed_pb2.ActorMessage:
     """The StepBatch message of K envs' step: frames [K, *obs] (compressed with `codec`, see
-    seed/transport/compression.py),
+    seed/transport/grpc/compression.py),
     rewards as float32, done/truncated flags [K], the episodes that ended, and the send time (unix seconds)."""
     return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
         observation=compression.encode_tensor(step.observation, codec),

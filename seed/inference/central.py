@@ -28,8 +28,8 @@ from seed.inference.parameter_publisher import ParameterPublisher
 from seed.inference.rollout_gate import RolloutGate
 from seed.inference.state_table import StateTable
 from seed.inference.unroll_store import UnrollStore
-from seed.serving.notify import RequestBatcher
-from seed.serving.slab import REPLY_FAILED, REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
+from seed.transport.notify import RequestBatcher
+from seed.transport.slab import REPLY_FAILED, REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
 from seed.transport.wire import (
     WireError,
     check_observation_values,

@@ -38,12 +38,12 @@ from seed.metrics.recording import LearnerMetrics, MetricsWriter
 from seed.metrics.sinks import SinkSettings
 from seed.runtime.host_memory import keep_freed_memory
 from seed.runtime.supervised_thread import SupervisedThread, sink_fault_from_environment
-from seed.serving.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
 from seed.serving.process import ServingProcess
-from seed.serving.slab import StepSlab
 from seed.training.optimizers import make_optimizer
 from seed.training.process import TrainingProcess
 from seed.transport import REDACTED, TransportSecurity, listen_addresses
+from seed.transport.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
+from seed.transport.slab import StepSlab
 
 
 @dataclasses.dataclass
@@ -53,7 +53,7 @@ class ServingChannels:
     slab: the step slab, one slot of `envs_per_stream` rows per actor stream.
     request_pipes: (read fd, write fd) per inference device: "actor a's slot is ready" (a % devices == index).
     reply_fds: one eventfd per actor slot, "actor a's reply is ready"; whoever holds the slot waits on it (a gRPC
-      stream of the serving process, or an actor on this host that writes the slab itself, seed/actor/shm_link.py).
+      stream of the serving process, or an actor on this host that writes the slab itself, seed/transport/shm/link.py).
     lifeline_read, lifeline_write: the serving process reads end of file on this pipe when the learner exits
       (however).
     """

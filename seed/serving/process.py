@@ -2,7 +2,7 @@
 
 The learner starts it (`ServingProcess.start`) with the slab layout, the env spec, the listen addresses and
 these inherited file descriptors: request pipes (to each inference device), one reply eventfd per actor index
-(woken by inference, seed/serving/notify.py), a lifeline pipe the learner never writes, and an events pipe
+(woken by inference, seed/transport/notify.py), a lifeline pipe the learner never writes, and an events pipe
 (JSON lines back to the learner: bound addresses, finished episodes' raw returns, a fatal error). The process
 exits when the learner tells it to (SIGTERM) or when the learner disappears (the lifeline reaches end of file,
 or its parent changes), so a killed learner never leaves a process holding its port.
@@ -27,8 +27,8 @@ from typing import Any
 
 from seed.envs.base import EnvSpec
 from seed.runtime.supervised_thread import SupervisedThread, episodes_fault_from_environment
-from seed.serving.slab import SlabLayout
 from seed.transport import TransportSecurity
+from seed.transport.slab import SlabLayout
 
 log = logging.getLogger(__name__)
 
@@ -96,9 +96,9 @@ def _die_with_parent(parent_pid: int, stop: threading.Event) -> None:
 
 def serve(config: ServingConfig) -> None:
     """Runs the gRPC server until SIGTERM or the learner's exit."""
-    from seed.serving.service import SlabService
-    from seed.serving.slab import StepSlab
     from seed.transport import start_grpc_server
+    from seed.transport.grpc.service import SlabService
+    from seed.transport.slab import StepSlab
 
     stop = threading.Event()
     # The handler only sets a flag: calling stop.set() from a signal handler can deadlock when the signal lands
@@ -136,11 +136,11 @@ def serve(config: ServingConfig) -> None:
 
 
 def _start_handover(config: ServingConfig, service: Any, stop: threading.Event) -> Any:
-    """The shared-memory handover on `<path>.shm` of every unix listen address (seed/serving/shm_handover.py),
+    """The shared-memory handover on `<path>.shm` of every unix listen address (seed/transport/shm/handover.py),
     or None: the learner refused shm actors (--shm_actors=false), requires mutual TLS (no TLS identity can be
     checked on that socket), or listens on no unix socket."""
-    from seed.serving.shm_handover import ShmHandover
-    from seed.serving.shm_protocol import handover_path
+    from seed.transport.shm.handover import ShmHandover
+    from seed.transport.shm.protocol import handover_path
 
     paths = [path for path in map(handover_path, config.addresses) if path]
     if not config.shm_actors or config.security.tls or not paths:
@@ -163,11 +163,11 @@ class ServingProcess:
       layout: the slab to serve into (created by the learner).
       spec, addresses, max_workers, security, max_message_bytes: as for the gRPC server (seed.transport).
       request_write_fds: write ends of the request pipes, one per inference device.
-      reply_fds: one reply eventfd per actor index (seed/serving/notify.py), also handed to shm actors.
+      reply_fds: one reply eventfd per actor index (seed/transport/notify.py), also handed to shm actors.
       lifeline_read_fd: read end of a pipe whose write end only the learner holds (and never writes).
       on_episodes: called with the (env id, raw return) pairs the actors report, on the `serving-events` thread
         (`events_thread`: one per serving process, supervised by the learner).
-      shm_actors: offer actors on this host the shared-memory path (seed/serving/shm_handover.py).
+      shm_actors: offer actors on this host the shared-memory path (seed/transport/shm/handover.py).
     """
 
     def __init__(self, layout: SlabLayout, spec: EnvSpec, addresses: list[str], max_workers: int,

@@ -9,12 +9,14 @@ from the flags and passed to whoever serves or dials; there is no process-wide d
 from __future__ import annotations
 
 import dataclasses
+import hmac
 import ipaddress
 import os
 from typing import Any
 
 import grpc
 
+TOKEN_KEYS = ("authorization", "x-seed-token")  # metadata keys the token may travel in; "authorization": "Bearer T"
 REDACTED = "<redacted>"  # what a config shows once its token has been taken out (never logged or checkpointed)
 
 
@@ -132,3 +134,19 @@ def check_listen_security(addresses: list[str], security: TransportSecurity) -> 
             f"--server_address: got {','.join(remote)}, a non-loopback address with no --auth_token/--auth_token_file "
             "and no --tls_cert/--tls_key/--tls_ca; expected unix:/path or 127.0.0.1:PORT, or credentials, or "
             "--allow_insecure_remote to let anyone who reaches the port drive the learner")
+
+
+def check_token(metadata: tuple, expected: str) -> str | None:
+    """None if the call metadata carries `expected` (constant-time compare), else why not (never the secret)."""
+    values = {key: value for key, value in metadata if key in TOKEN_KEYS}
+    if not values:
+        return (f"metadata {TOKEN_KEYS[0]}: got none, expected 'Bearer <token>' (or {TOKEN_KEYS[1]}: <token>) "
+                "with the learner's --auth_token")
+    for key, value in values.items():
+        got = value[len("Bearer "):] if key == "authorization" and value.startswith("Bearer ") else value
+        if isinstance(got, bytes):
+            got = got.decode("latin-1")
+        if hmac.compare_digest(got.encode("utf-8", "surrogateescape"), expected.encode()):
+            return None
+    return (f"metadata {'/'.join(values)}: got a wrong token, expected the learner's --auth_token "
+            "(see --auth_token_file)")

@@ -26,7 +26,7 @@ Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
 Protocol per request (serving side): mark the slot as being written (request_seq = -new seq), write the rows,
 request_run and arrival_s, publish the new request_seq, then notify inference through a pipe (a syscall: the
 writes are visible to the reader after it). Inference writes `action`, `reply_status` and `reply_seq` before
-waking the actor's reply eventfd (seed/serving/notify.py), and the waiting side reads a reply only after it took
+waking the actor's reply eventfd (seed/transport/notify.py), and the waiting side reads a reply only after it took
 that wake-up.
 
 One request in flight per slot: a slot is free once `reply_seq == request_seq`, and only a free slot is written.
@@ -36,7 +36,7 @@ answer before it writes, so inference never reads rows that a writer is changing
 a seqlock all the same: request_seq and request_run before the rows, and again after; a slot that changed in
 between is dropped (its new request has its own notification).
 
-Actors on the learner's host may map the slab themselves (seed/actor/shm_link.py) and write their own slot, so
+Actors on the learner's host may map the slab themselves (seed/transport/shm/link.py) and write their own slot, so
 writers live in several processes. `lock_slot` is the cross-process part of "one writer per slot": a POSIX
 record lock on byte `actor` of the slab's file, taken by every writer (the serving process's streams too) from
 the live-run check until the reply is read, and released by the kernel when its holder dies.
@@ -113,7 +113,7 @@ def _shared_file(nbytes: int) -> int:
     """A zero-filled shared file of `nbytes` with no name: memfd on Linux, else a temp file unlinked at once.
 
     The memfd's size is sealed (shrink, grow, and further seals): actors on this host get a writable descriptor of
-    it (seed/serving/shm_handover.py), and one `ftruncate` from any of them would otherwise end the learner with
+    it (seed/transport/shm/handover.py), and one `ftruncate` from any of them would otherwise end the learner with
     SIGBUS at its next read of the slab. Writing the rows stays allowed: that is what the actors are for.
     """
     if hasattr(os, "memfd_create"):

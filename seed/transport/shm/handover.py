@@ -1,7 +1,7 @@
 """The serving process's side of the shared-memory path: hands an authenticated actor on this host the step
 slab's descriptors, so its steps skip protobuf, gRPC and this process entirely.
 
-Per unix listen address `unix:P` it listens on `P.shm` (seed/serving/shm_protocol.py has the frames). One
+Per unix listen address `unix:P` it listens on `P.shm` (seed/transport/shm/protocol.py has the frames). One
 thread per connection, never on a step's path:
 
 1. the peer must run as the learner's user (SO_PEERCRED; the socket file is mode 0600 too), and its hello
@@ -9,8 +9,8 @@ thread per connection, never on a step's path:
 2. its Handshake goes through `SlabService.check_handshake`, the gRPC stream's check (actor index, K, run id,
    env spec), and `SlabService.register` makes its run the live one (a newer run of an index supersedes the
    older, whichever transport either uses);
-3. only then are the descriptors sent: the slab's memfd (its size sealed: seed/serving/slab.py), the write end
-   of the request pipe of the actor's inference device (packet mode: seed/serving/notify.py) and the actor's
+3. only then are the descriptors sent: the slab's memfd (its size sealed: seed/transport/slab.py), the write end
+   of the request pipe of the actor's inference device (packet mode: seed/transport/notify.py) and the actor's
    reply eventfd (created by the learner, one per actor index; the serving process's gRPC streams of that index
    wait on the same one);
 4. afterwards the connection carries the actor's finished-episode stats, checked like a StepBatch's
@@ -20,7 +20,7 @@ The learner refuses the path (no `P.shm` socket, so `--transport=auto` actors us
 `--shm_actors=false`, and when it requires mutual TLS: a TLS identity cannot be checked on this socket.
 
 `P.shm` may be taken: in a directory others can write (/tmp), another user can create it first and listen there.
-Actors check their peer's uid before they send the hello (seed/actor/shm_link.py); a learner with a token that
+Actors check their peer's uid before they send the hello (seed/transport/shm/link.py); a learner with a token that
 cannot claim `P.shm` (remove what is there, bind, listen) fails at start naming the path (HandoverPathTaken)
 rather than leave the name to someone else. Without a token there is no secret to lose: it says so in one line
 and serves gRPC only.
@@ -41,10 +41,10 @@ import threading
 from google.protobuf.message import DecodeError
 
 from seed._proto import seed_pb2
-from seed.serving import shm_protocol
-from seed.serving.service import SlabService
 from seed.transport import wire
-from seed.transport.guard import check_token
+from seed.transport.grpc.service import SlabService
+from seed.transport.security import check_token
+from seed.transport.shm import protocol as shm_protocol
 
 HELLO_TIMEOUT_S = 10.0
 _MAX_UNIX_PATH_BYTES = 108  # sun_path, NUL included (Linux)

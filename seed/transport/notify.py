@@ -32,7 +32,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from seed.serving.slab import StepSlab
+from seed.transport.slab import StepSlab
 
 REQUEST_DTYPE = np.dtype([("actor", "<i8"), ("seq", "<i8")])
 REQUEST_PIPE_PACKETS = 256  # notifications a request pipe holds (a page each); the unprivileged maximum by default
@@ -103,7 +103,7 @@ class RequestBatcher:
     `next_batch(wait_s)` -> (actors int64 [n], seqs int64 [n]) in arrival order, or None if nothing arrived
     within `wait_s` seconds (so the caller can check for shutdown).
 
-    Actors on the learner's host write this pipe and their slot's `arrival_s` themselves (seed/actor/shm_link.py),
+    Actors on the learner's host write this pipe and their slot's `arrival_s` themselves (seed/transport/shm/link.py),
     so neither is trusted: a packet that is not whole 16-byte messages, or a message naming an actor outside
     [0, num_actors) or served by another device (actor % num_devices != device_index), is dropped alone and
     counted in `rejected`, never used as an index; a batch's deadline is kept within `timeout_s` of now whatever

@@ -1,7 +1,7 @@
 """The learner's gRPC server: options, listen addresses, the guard and the credentials put together.
 
 Limits against hostile or broken clients: a receive limit per message, a cap on concurrent calls
-(RESOURCE_EXHAUSTED beyond it), and the stream guard's (seed/transport/guard.py).
+(RESOURCE_EXHAUSTED beyond it), and the stream guard's (seed/transport/grpc/guard.py).
 """
 
 from __future__ import annotations
@@ -17,13 +17,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from seed._proto import seed_pb2_grpc
-from seed.transport.guard import DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, StreamGuard
+from seed.transport.grpc.guard import DEFAULT_HANDSHAKE_TIMEOUT_S, DEFAULT_IDLE_TIMEOUT_S, StreamGuard
 from seed.transport.security import TransportSecurity, check_listen_security
 
 DEFAULT_MAX_MESSAGE_BYTES = 64 << 20  # receive limit until the caller computes one from the env spec
 GRPC_OPTIONS = [("grpc.max_receive_message_length", DEFAULT_MAX_MESSAGE_BYTES), ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0)]  # server defaults; start_grpc_server sets the receive limit it is given
-# Actors ping every 2 s (seed/transport/channel.py KEEPALIVE_TIME_MS) to notice a partition quickly; a client
+# Actors ping every 2 s (seed/transport/grpc/channel.py KEEPALIVE_TIME_MS) to notice a partition quickly; a client
 # pinging more often than min_ping_interval_without_data_ms while the server sends nothing (a step waiting on a
 # busy learner) would be sent GOAWAY "too_many_pings" after two strikes, so the server allows every 1 s.
 SERVER_KEEPALIVE = [("grpc.keepalive_time_ms", 30_000), ("grpc.keepalive_timeout_ms", 10_000),

@@ -24,7 +24,7 @@ RECONNECT_BACKOFF_MS = {"initial": 100, "min": 100, "max": 1000}
 # connection when a ping is not answered within KEEPALIVE_TIMEOUT_MS: the stream fails (UNAVAILABLE), and the
 # actor dials again at least every RECONNECT_BACKOFF_MS["max"] until the learner answers, so it is back within
 # about a second of the link returning. Pings are answered by gRPC's transport thread, not Python code, so a
-# busy learner still answers them; the server accepts pings this often (seed/transport/server.py).
+# busy learner still answers them; the server accepts pings this often (seed/transport/grpc/server.py).
 KEEPALIVE_TIME_MS = 2_000
 KEEPALIVE_TIMEOUT_MS = 3_000
 
@@ -55,7 +55,7 @@ def unix_listener_problem(address: str) -> str | None:
     another user than this actor's, and not as root: SO_PEERCRED, the shared-memory actors' rule), else None.
     None for other addresses and when nothing listens on P (the channel's own failure says so).
 
-    The learner's socket is mode 0600 (seed/transport/server.py), so an actor of another user cannot reach it;
+    The learner's socket is mode 0600 (seed/transport/grpc/server.py), so an actor of another user cannot reach it;
     but in a directory others can write (/tmp) another user may hold P and listen there, and the Stream call
     carries the token. Checked on a connection of its own just before the stream opens."""
     if not address.startswith("unix:"):

@@ -6,8 +6,8 @@ actor's rows of the step slab, notifies the actor's inference device and waits o
 the reply in the slab. All of this happens outside the learner process, so decoding never competes with
 inference or training for the learner's GIL.
 
-An actor on another host may ask for lz4-compressed observations (seed/transport/compression.py); the service grants it
-on TCP connections only and decompresses each observation once here, bounded by the expected size.
+An actor on another host may ask for lz4-compressed observations (seed/transport/grpc/compression.py); the
+service grants it on TCP connections only and decompresses each observation once here, bounded by the expected size.
 
 A malformed message ends only that actor's stream (INVALID_ARGUMENT naming the field, the value received
 and the value expected); a request of an actor run that a newer handshake for its index superseded ends with
@@ -26,9 +26,9 @@ import numpy as np
 
 from seed._proto import seed_pb2, seed_pb2_grpc
 from seed.envs.base import EnvSpec
-from seed.serving import notify
-from seed.serving.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
-from seed.transport import compression, wire
+from seed.transport import notify, wire
+from seed.transport.grpc import compression
+from seed.transport.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, StepSlab
 
 
 def read_handshake(request_iterator: Iterator[seed_pb2.ActorMessage], context: grpc.ServicerContext,
@@ -65,7 +65,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
       spec: the learner's env spec; actors must send the same.
       slab: the shared step slab (num_actors x envs_per_actor rows).
       request_fds: one request pipe per inference device; actor a notifies request_fds[a % n].
-      reply_fds: one reply eventfd per actor index (seed/serving/notify.py), woken by inference.
+      reply_fds: one reply eventfd per actor index (seed/transport/notify.py), woken by inference.
       on_episodes: receives (env id, raw return) of each episode the actors report finished.
       stop: set when the serving process shuts down; waiting streams end with UNAVAILABLE.
     """

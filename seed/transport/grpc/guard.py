@@ -10,7 +10,6 @@ whose client stopped talking, and an INVALID_ARGUMENT naming a message that does
 
 from __future__ import annotations
 
-import hmac
 import queue
 import threading
 import time
@@ -19,26 +18,11 @@ from typing import Any
 
 import grpc
 
+from seed.transport.security import check_token
+
 STREAM_METHOD = "/seed.Learner/Stream"
-TOKEN_KEYS = ("authorization", "x-seed-token")  # metadata keys the token may travel in; "authorization": "Bearer T"
 DEFAULT_HANDSHAKE_TIMEOUT_S = 10.0
 DEFAULT_IDLE_TIMEOUT_S = 120.0
-
-
-def check_token(metadata: tuple, expected: str) -> str | None:
-    """None if the call metadata carries `expected` (constant-time compare), else why not (never the secret)."""
-    values = {key: value for key, value in metadata if key in TOKEN_KEYS}
-    if not values:
-        return (f"metadata {TOKEN_KEYS[0]}: got none, expected 'Bearer <token>' (or {TOKEN_KEYS[1]}: <token>) "
-                "with the learner's --auth_token")
-    for key, value in values.items():
-        got = value[len("Bearer "):] if key == "authorization" and value.startswith("Bearer ") else value
-        if isinstance(got, bytes):
-            got = got.decode("latin-1")
-        if hmac.compare_digest(got.encode("utf-8", "surrogateescape"), expected.encode()):
-            return None
-    return (f"metadata {'/'.join(values)}: got a wrong token, expected the learner's --auth_token "
-            "(see --auth_token_file)")
 
 
 class _Tracked:

@@ -1,10 +1,10 @@
 """An actor's shared-memory link to a learner on its host: steps go straight into the learner's step slab.
 
-`ShmLink.connect` dials the learner's handover socket (`<unix socket>.shm`, seed/serving/shm_protocol.py),
+`ShmLink.connect` dials the learner's handover socket (`<unix socket>.shm`, seed/transport/shm/protocol.py),
 checks that its listener runs as this actor's user (or root), sends the same Handshake and token a gRPC stream
 would and receives the slab's memfd, the request pipe of its inference device and its own reply eventfd. Each
-`step` then does what the serving process's stream thread does for a gRPC actor (seed/serving/service.py), with
-the same slab protocol (seed/serving/slab.py):
+`step` then does what the serving process's stream thread does for a gRPC actor (seed/transport/grpc/service.py), with
+the same slab protocol (seed/transport/slab.py):
 
   take the slot's cross-process lock  ->  check that this run is still the index's live run (else superseded)
   ->  finish a predecessor's unanswered request (notify it again, wait for its answer)  ->  write the K rows
@@ -32,8 +32,9 @@ import time
 import numpy as np
 
 from seed._proto import seed_pb2
-from seed.serving import notify, shm_protocol
-from seed.serving.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, SlabLayout, StepSlab
+from seed.transport import notify
+from seed.transport.shm import protocol as shm_protocol
+from seed.transport.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, SlabLayout, StepSlab
 
 _POLL_MS = 100  # how often a wait checks the actor's stop event
 
