@@ -122,6 +122,41 @@ def unroll_targets(unrolls: Unroll, bootstrap: torch.Tensor, config: LearnerConf
     }
 
 
+def unroll_model(network: nn.Module, latent: torch.Tensor, actions: torch.Tensor, prefix_horizon: int
+                 ) -> dict[str, torch.Tensor]:
+    """The model unrolled K steps from the start latents [N, ...] with actions [K + 1, N'...] (row k - 1 taken
+    into step k; flattened to [N] per step): each step's dynamics (its gradient halved into the step before,
+    MuZero's scaling), value prefix (the LSTM reset after every `prefix_horizon` steps), prediction and
+    consistency projection, stacked over the steps:
+
+      policy [K + 1, N, A], value [K + 1, N, 2 Sv + 1]  (k = 0 is the start's own prediction)
+      prefix [K, N, 2 Sr + 1], projection [K, N, P]       (steps k = 1..K)
+
+    One call of each network part per step: every part has batch norm, whose batch statistics are the step's
+    (stacking the steps into one call would change them and what is trained)."""
+    k_steps = actions.shape[0] - 1
+    policy, value = network.predict(latent)
+    policies, values, prefixes, projections = [policy], [value], [], []
+    lstm = network.initial_state_lstm(latent.shape[0], latent.device)
+    for k in range(1, k_steps + 1):
+        latent = scale_gradient(latent, 0.5)
+        latent, prefix_logits, lstm, policy, value = network.recurrent_inference(latent, actions[k - 1].flatten(),
+                                                                                 lstm)
+        if k % prefix_horizon == 0:
+            lstm = (torch.zeros_like(lstm[0]), torch.zeros_like(lstm[1]))
+        policies.append(policy)
+        values.append(value)
+        prefixes.append(prefix_logits)
+        projections.append(network.project(latent, with_predictor=True))
+    return {"policy": torch.stack(policies), "value": torch.stack(values), "prefix": torch.stack(prefixes),
+            "projection": torch.stack(projections)}
+
+
+def _with_k0(values: torch.Tensor, shape: tuple[int, int, int]) -> torch.Tensor:
+    """Terms of the steps k = 1..K [K, U * B] -> [K + 1, U, B] with zeros at k = 0 (a term k = 0 does not have)."""
+    return torch.cat([values.new_zeros(1, values.shape[1]), values]).view(shape)
+
+
 def muzero_loss(network: nn.Module, target_network: nn.Module, batch: TrainingBatch, config: LearnerConfig,
                 train_steps: int, stacked_observations: Callable[[Unroll], torch.Tensor]) -> LossOutput:
     """The loss of `network` on `batch` (see the module docstring), value targets bootstrapped with
@@ -151,44 +186,35 @@ def muzero_loss(network: nn.Module, target_network: nn.Module, batch: TrainingBa
         actions = gather_unroll(unrolls.action, starts, k_steps)  # [K + 1, U, B]
 
     latent = latent_all.view(length, batch_size, *latent_shape)[:starts].flatten(0, 1)  # [U * B, ...]
-    policy_logits, value_logits = network.predict(latent)
-    start_value = support_to_scalar(value_logits.detach()).view(starts, batch_size)
-    lstm = network.initial_state_lstm(latent.shape[0], latent.device)
-    per_step = {name: [] for name in ("policy", "value", "reward", "consistency")}
+    outputs = unroll_model(network, latent, actions, c.value_prefix_horizon)
+    start_value = support_to_scalar(outputs["value"][0].detach()).view(starts, batch_size)
 
-    def add(name: str, k: int, values: torch.Tensor, mask: torch.Tensor) -> None:
-        per_step[name].append((k, values.view(starts, batch_size) * mask[k].to(values.dtype)))
-
-    def add_predictions(k: int, policy: torch.Tensor, value: torch.Tensor) -> None:
-        add("policy", k, _cross_entropy(policy, policy_target[k].flatten(0, 1)), alive)
-        add("value", k, _cross_entropy(value, scalar_to_support(value_target[k].flatten(0, 1),
-                                                                c.value_support_size)), value_mask)
-
-    add_predictions(0, policy_logits, value_logits)
-    for k in range(1, k_steps + 1):
-        latent = scale_gradient(latent, 0.5)
-        latent, prefix_logits, lstm, policy_logits, value_logits = network.recurrent_inference(
-            latent, actions[k - 1].flatten(), lstm)
-        if k % c.value_prefix_horizon == 0:
-            lstm = (torch.zeros_like(lstm[0]), torch.zeros_like(lstm[1]))
-        add_predictions(k, policy_logits, value_logits)
-        prefix_support = scalar_to_support(prefix_target[k].flatten(0, 1), c.reward_support_size)
-        add("reward", k, _cross_entropy(prefix_logits, prefix_support), targets["reward_mask"])
-        predicted = network.project(latent, with_predictor=True)
-        similarity = F.cosine_similarity(predicted, projection_target[k].flatten(0, 1), dim=-1)
-        add("consistency", k, -similarity, alive)
+    # Every term of every unroll step at once, [K + 1, U, B] (the value prefix and consistency terms are 0 at
+    # k = 0: they have none there).
+    unrolled = (k_steps + 1, starts, batch_size)
+    value_support = scalar_to_support(value_target, c.value_support_size)
+    prefix_support = scalar_to_support(prefix_target, c.reward_support_size)
+    similarity = F.cosine_similarity(outputs["projection"], projection_target[1:].flatten(1, 2), dim=-1)
+    terms = {
+        "policy": (_cross_entropy(outputs["policy"], policy_target.flatten(1, 2)).view(unrolled), alive),
+        "value": (_cross_entropy(outputs["value"], value_support.flatten(1, 2)).view(unrolled), value_mask),
+        "reward": (_with_k0(_cross_entropy(outputs["prefix"], prefix_support[1:].flatten(1, 2)), unrolled),
+                   targets["reward_mask"]),
+        "consistency": (_with_k0(-similarity, unrolled), alive),
+    }
 
     costs = {"policy": c.policy_cost, "value": c.value_cost, "reward": c.reward_cost,
              "consistency": c.consistency_cost}
     weights = batch.importance_weights if batch.importance_weights is not None else torch.ones(batch_size)
     weights = weights.to(latent.device).float()
+    # k = 0 counts fully, each later unroll step 1 / K (MuZero); each sequence by its importance weight.
+    step_weights = torch.full((k_steps + 1, 1, 1), 1.0 / k_steps, device=latent.device)
+    step_weights[0] = 1.0
     positions = max(1, trained_starts(unrolls, starts))  # = targets["start"][0].sum()
     total = torch.zeros((), device=latent.device)
     metrics: dict[str, Any] = {}
-    for name, terms in per_step.items():
-        # k = 0 counts fully, each later unroll step 1 / K (MuZero).
-        summed = sum(values * (1.0 if k == 0 else 1.0 / k_steps) for k, values in terms)
-        term = (summed * weights).sum() / positions
+    for name, (values, mask) in terms.items():
+        term = (values * mask.to(values.dtype) * step_weights * weights).sum() / positions
         total = total + costs[name] * term
         metrics[f"losses/{name}"] = float(term.detach())
     metrics["losses/total"] = float(total.detach())
