@@ -4,6 +4,7 @@ own arithmetic allows.
 
     python -m seed.bench.compute_cost --preset=pong_vtrace --torch_threads=1 --out=bench_results/cost.json
     python -m seed.bench.compute_cost --preset=pong_vtrace --network=nature --inference_batch_sizes=8,16
+    python -m seed.bench.compute_cost --preset=minatar_muzero --profile=bench_results/update_profile.txt
 
 Any learner flag (or a --preset) picks the agent, env, network and batch shapes. The unrolls it trains on are
 made by the agent's own `act` on random frames, so every field the loss reads is there with its real shape.
@@ -93,8 +94,10 @@ def _median_ms(fn, repeats: int, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: int) -> dict[str, Any]:
-    """The JSON result (see the module docstring); CPU only."""
+def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: int, profile: str = "",
+            profile_updates: int = 3) -> dict[str, Any]:
+    """The JSON result (see the module docstring); CPU only. With `profile` a path: after the timed updates,
+    `profile_updates` more under torch.profiler, their operators' table (sorted by self CPU time) written there."""
     torch.set_num_threads(torch_threads(config.torch_threads))
     if config.keep_freed_memory:
         keep_freed_memory()  # as the learner does
@@ -123,6 +126,8 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
         train_on_batch(agent, optimizer, training, config, train_steps)
         train_steps += 1
     train_ms = _median_ms(train, repeats)
+    if profile:
+        _write_profile(train, profile_updates, profile)
 
     largest = max(inference_batch_sizes)
     trained_steps = config.batch_size * config.unroll_length
@@ -145,6 +150,19 @@ def measure(config: LearnerConfig, inference_batch_sizes: list[int], repeats: in
     }
 
 
+def _write_profile(update, updates: int, path: str) -> None:
+    """torch.profiler's operator table of `updates` calls of `update`, sorted by self CPU time, written to `path`."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        for _ in range(updates):
+            update()
+    table = profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=50)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(f"torch.profiler: {updates} updates, sorted by self CPU time\n{table}\n")
+
+
 def main(argv: list[str]) -> None:
     del argv
     values = explicit_flags(learner_fields(), FLAGS)
@@ -153,7 +171,7 @@ def main(argv: list[str]) -> None:
     sizes = [int(s) for s in FLAGS.inference_batch_sizes]
     if not sizes or min(sizes) < 1:
         raise SystemExit(f"--inference_batch_sizes: got {FLAGS.inference_batch_sizes}, expected positive integers")
-    result = measure(config, sizes, FLAGS.repeats)
+    result = measure(config, sizes, FLAGS.repeats, FLAGS.profile, FLAGS.profile_updates)
     text = json.dumps(result, indent=1)
     print(text)
     if FLAGS.out:
@@ -167,6 +185,9 @@ def run() -> None:
     flags.DEFINE_list("inference_batch_sizes", ["8", "16"], "Rows per timed inference forward.")
     flags.DEFINE_integer("repeats", 20, "Timed training steps (inference forwards: 5x as many); medians reported.")
     flags.DEFINE_string("out", "", "Write the JSON result here too.")
+    flags.DEFINE_string("profile", "", "Write a torch.profiler table (operators by self CPU time) of "
+                                       "--profile_updates more updates here, after the timed ones.")
+    flags.DEFINE_integer("profile_updates", 3, "Updates under the profiler with --profile.")
     app.run(main)
 
 
