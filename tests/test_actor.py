@@ -9,9 +9,11 @@ import time
 import grpc
 import pytest
 
-from seed.actor.loop import Actor, ReconnectBackoff, SupersededError
+from seed.actor.loop import Actor, ReconnectBackoff
 from seed.actor.main import SUPERSEDED_EXIT_CODE
 from seed.config import ActorConfig
+from seed.transport.grpc.link import link_error
+from seed.transport.link import SupersededError
 from tests.conftest import read_metrics, wait_for
 from tests.test_end_to_end import _actor_args as _any_actor_args
 from tests.test_end_to_end import _learner_args
@@ -59,7 +61,7 @@ def _scripted_actor(outcomes, stop):
     def run_connection():
         steps, code = next(script)
         actor.agent_steps += steps * 2
-        raise _Failure(code)
+        raise link_error(_Failure(code))  # as the gRPC link translates it
 
     actor._run_connection = run_connection
     return actor

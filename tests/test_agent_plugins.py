@@ -22,10 +22,11 @@ def _trained(logdir, min_steps):
     return rows if rows and rows[-1]["train_steps"] >= min_steps else None
 
 
-def test_a_toy_agent_in_one_folder_trains_through_the_real_learner(processes, tmp_path, monkeypatch):
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_a_toy_agent_in_one_folder_trains_through_the_real_learner(processes, tmp_path, monkeypatch, transport):
     """The learner (its optimizer steps in the training process, a spawned child that must find the agent too),
-    two actors over the unix socket: the toy's own flag is taken, its loss is logged, updates happen and the
-    checkpoint holds its network."""
+    two actors over the unix socket, through each transport's link (--transport, seed/transport/link.py): the
+    toy's own flag is taken, its loss is logged, updates happen and the checkpoint holds its network."""
     for key, value in PLUGIN_ENV.items():
         monkeypatch.setenv(key, value)
     logdir = str(tmp_path / "run")
@@ -34,11 +35,13 @@ def test_a_toy_agent_in_one_folder_trains_through_the_real_learner(processes, tm
         "--agent=toy", "--env=fake:vector", f"--logdir={logdir}", f"--server_address={address}", "--num_actors=2",
         "--envs_per_actor=2", "--batch_size=4", "--unroll_length=8", "--log_interval_s=0.5", "--torch_threads=1",
         "--toy_hidden_size=8", "--checkpoint_interval_s=3600", "--training_process"])
-    for i in range(2):
-        processes.actor(["--env=fake:vector", f"--server_address={address}", f"--actor_index={i}",
-                         "--envs_per_actor=2"], f"actor{i}")
+    actors = [processes.actor(["--env=fake:vector", f"--server_address={address}", f"--actor_index={i}",
+                               "--envs_per_actor=2", f"--transport={transport}"], f"actor{i}") for i in range(2)]
     rows = wait_for(lambda: _trained(logdir, 5), 120, "5 toy updates", on_timeout=lambda: processes.output(learner))
     assert "losses/toy_total" in rows[-1], sorted(rows[-1])
+    for actor in actors:
+        output = processes.output(actor)
+        assert f"over {transport} " in output, output[-2000:]  # "connected to ... over shm (env ids ..."
     learner.send_signal(signal.SIGTERM)
     assert learner.wait(timeout=60) == 0, processes.output(learner)
     found = checkpoint.latest(logdir)

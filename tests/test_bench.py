@@ -68,10 +68,11 @@ def test_smoke_run_writes_every_key_with_positive_rates(smoke_result):
 
 
 def test_transport_ceiling_answers_real_actor_with_zero_actions(tmp_path):
-    from seed.actor.loop import Actor, ConfigurationError
+    from seed.actor.loop import Actor
     from seed.bench.transport_ceiling import serve
     from seed.config import ActorConfig
     from seed.envs import make_spec
+    from seed.transport.link import ConfigurationError
 
     address = f"unix:{tmp_path}/ceiling.sock"
     server, service = serve([address], make_spec("fake:vector"), envs_per_actor=16)

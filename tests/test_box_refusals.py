@@ -15,10 +15,11 @@ import numpy as np
 import pytest
 
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor.loop import Actor, InvalidReplyError
+from seed.actor.loop import Actor
 from seed.config import ActorConfig
 from seed.envs.base import EnvSpec
 from seed.transport import wire
+from seed.transport.link import InvalidReplyError
 from seed.transport.shm import protocol as shm_protocol
 from seed.transport.shm.link import ShmLink, ShmRejected
 from tests.conftest import Processes, read_metrics, wait_for
@@ -176,14 +177,14 @@ def test_bad_shm_steps_are_refused_and_the_learner_serves_on(run):
     link = ShmLink.connect(shm_protocol.handover_path(address), _handshake(1, run_id=21), (), threading.Event())
     try:
         good = (_observation(), np.zeros(K, np.float32), np.zeros(K, bool), np.zeros(K, bool))
-        assert link.step(*good).shape == (K, 1)
+        assert link.exchange(*good).shape == (K, 1)
         for case in ("nan observation", "inf observations", "inf reward", "nan reward"):
             observation, reward, expected = BAD_STEPS[case]
             reward = np.zeros(K, np.float32) if reward is None else reward
             with pytest.raises(ShmRejected) as rejected:
-                link.step(observation, reward, np.zeros(K, bool), np.zeros(K, bool))
+                link.exchange(observation, reward, np.zeros(K, bool), np.zeros(K, bool))
             assert (rejected.value.code, rejected.value.details) == ("INVALID_ARGUMENT", f"actor 1: {expected}")
-        actions = link.step(*good)
+        actions = link.exchange(*good)
         assert actions.dtype == np.float32 and actions.shape == (K, 1) and np.isfinite(actions).all()
     finally:
         link.close()

@@ -89,7 +89,7 @@ def test_shm_actors_train_and_their_steps_skip_grpc(processes, tmp_path):
 def test_stale_and_superseded_requests_on_the_shm_path(processes, tmp_path):
     learner, address, path = _start_learner(processes, tmp_path)
     first = _link(path, 0, run_id=11)
-    actions = first.step(*_step())
+    actions = first.exchange(*_step())
     assert actions.shape == (K,) and actions.dtype == np.int32
     # A run that died after writing its request and before notifying it: the slot holds an unanswered request.
     first.slab.lock_slot(0)
@@ -97,9 +97,9 @@ def test_stale_and_superseded_requests_on_the_shm_path(processes, tmp_path):
     first.slab.unlock_slot(0)
     second = _link(path, 0, run_id=22)  # a newer run of index 0 takes it over
     with pytest.raises(ShmSuperseded, match="actor_index 0: superseded by a newer actor run"):
-        first.step(*_step())  # the older run, still alive, is told instead of writing
+        first.exchange(*_step())  # the older run, still alive, is told instead of writing
     assert first.slab.request_seq[0] == left  # and it wrote nothing
-    second.step(*_step())  # finishes the leftover request (answered stale) before writing its own
+    second.exchange(*_step())  # finishes the leftover request (answered stale) before writing its own
     assert int(second.slab.request_seq[0]) == left + 1 == int(second.slab.reply_seq[0])
 
     # A request in flight when a newer run handshakes is answered stale: its run learns it was superseded. The
@@ -139,7 +139,7 @@ def test_a_newer_run_connecting_leaves_the_older_runs_reply_wakeup_alone(process
     never exited)."""
     _, _, path = _start_learner(processes, tmp_path)
     first = _link(path, 0, run_id=11)
-    first.step(*_step())
+    first.exchange(*_step())
     first.slab.lock_slot(0)
     try:
         seq = first.slab.write_request(0, first.run_id, *_step())
@@ -153,8 +153,8 @@ def test_a_newer_run_connecting_leaves_the_older_runs_reply_wakeup_alone(process
     finally:
         first.slab.unlock_slot(0)
     with pytest.raises(ShmSuperseded):
-        first.step(*_step())  # and its next step learns it was superseded (it exits rather than reconnecting)
-    second.step(*_step())
+        first.exchange(*_step())  # and its next step learns it was superseded (it exits rather than reconnecting)
+    second.exchange(*_step())
     for link in (first, second):
         link.close()
 
@@ -174,7 +174,7 @@ def _all_threads_stopped(pid: int) -> bool:
 
 def _outcome(link: ShmLink):
     try:
-        return link.step(*_step())
+        return link.exchange(*_step())
     except Exception as error:  # noqa: BLE001 - the test inspects it
         return error
 
@@ -182,20 +182,20 @@ def _outcome(link: ShmLink):
 def test_malformed_shm_requests_are_rejected_and_the_learner_serves_on(processes, tmp_path):
     learner, _, path = _start_learner(processes, tmp_path)
     link = _link(path, 0, run_id=1)
-    link.step(*_step())
+    link.exchange(*_step())
     observation, reward, done, truncated = _step()
     done.view(np.uint8)[2] = 2
     with pytest.raises(ShmRejected) as rejected:
-        link.step(observation, reward, done, truncated)
+        link.exchange(observation, reward, done, truncated)
     assert rejected.value.code == "INVALID_ARGUMENT"
     assert ("actor 0: step.done.data: got byte value 2 at index 2 (1 such bytes), expected 0 or 1 for dtype 'bool'"
             in rejected.value.details)
     truncated = np.zeros(K, bool)
     truncated.view(np.uint8)[0] = 255
     with pytest.raises(ShmRejected, match="step.truncated.data: got byte value 255 at index 0"):
-        link.step(observation, np.ones(K, np.float32), np.zeros(K, bool), truncated)
+        link.exchange(observation, np.ones(K, np.float32), np.zeros(K, bool), truncated)
     with pytest.raises(ShmRejected, match="step.reward: got a non-finite value, expected finite rewards"):
-        link.step(observation, np.full(K, np.nan, np.float32), np.zeros(K, bool), np.zeros(K, bool))
+        link.exchange(observation, np.full(K, np.nan, np.float32), np.zeros(K, bool), np.zeros(K, bool))
     # Notifications naming no actor of this device, and garbage sequence numbers, are dropped.
     for actor, seq in ((99, 1), (-1, 1), (2**62, 5), (0, -7), (0, 2**62)):
         notify.send_request(link._request_fd, actor, seq)
@@ -223,7 +223,7 @@ def test_malformed_shm_requests_are_rejected_and_the_learner_serves_on(processes
     link.close()
     # The learner is alive and serves a fresh run of the same index.
     fresh = _link(path, 0, run_id=2)
-    assert fresh.step(*_step()).shape == (K,)
+    assert fresh.exchange(*_step()).shape == (K,)
     fresh.close()
     assert learner.poll() is None
     assert "dropped" in processes.output(learner)  # the bad notifications were seen and dropped

@@ -23,7 +23,6 @@ import pytest
 import torch
 
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor.loop import _Stream, step_message
 from seed.contracts.training import Unroll
 from seed.envs import make_spec
 from seed.envs.base import BatchStep
@@ -32,6 +31,7 @@ from seed.inference.rollout_gate import RolloutGate
 from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
 from seed.transport import wire
+from seed.transport.grpc.link import Stream, step_message
 from seed.transport.slab import REPLY_OK, REPLY_STALE
 from tests.conftest import read_metrics, wait_for
 
@@ -525,7 +525,7 @@ def _scripted_run(address: str, spec, run_id: int, channels: list) -> Callable[[
     raises grpc.RpcError once the learner ends the stream). Its channel is appended to `channels`."""
     channel = grpc.insecure_channel(address)
     channels.append(channel)
-    stream = _Stream(seed_pb2_grpc.LearnerStub(channel))
+    stream = Stream(seed_pb2_grpc.LearnerStub(channel))
     stream.call(seed_pb2.ActorMessage(handshake=seed_pb2.Handshake(
         actor_index=1, run_id=run_id, num_envs=K, spec=wire.spec_to_proto(spec))))
     step = BatchStep(np.zeros((K, *spec.observation_shape), np.float32), np.ones(K, np.float32),

@@ -30,11 +30,13 @@ import grpc
 import numpy as np
 
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.actor.loop import Actor, ConfigurationError, SupersededError, _Stream, granted_compression, step_message
+from seed.actor.loop import Actor, granted_compression
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch, EnvSpec
 from seed.transport import open_channel, wire
+from seed.transport.grpc.link import Stream, link_error, step_message
+from seed.transport.link import ConfigurationError, InvalidReplyError, SupersededError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,7 +100,7 @@ def make_env_groups(config: ActorConfig) -> GroupedEnvBatch:
                             for slot in slots])
 
 
-class _PipelinedStream(_Stream):
+class _PipelinedStream(Stream):
     """A stream whose request and reply are separate calls, so other groups run between them."""
 
     def send(self, message: seed_pb2.ActorMessage) -> None:
@@ -136,6 +138,7 @@ class GroupedActor(Actor):
         return make_env_groups(self.config)
 
     def _run_connection(self) -> None:
+        """One run of every group over gRPC; its errors translated like a GrpcLink's (seed/transport/link.py)."""
         run_ids = [random.SystemRandom().getrandbits(63) for _ in self.slots]
         with open_channel(self.config.server_address, self.security) as channel:
             self._wait_for_learner(channel)
@@ -144,11 +147,15 @@ class GroupedActor(Actor):
             stub = seed_pb2_grpc.LearnerStub(channel)
             metadata = self.security.call_metadata()
             streams = _GroupStreams([_PipelinedStream(stub, metadata) for _ in self.slots])
-            self._stream = streams  # request_stop cancels every group's stream
+            self._link = streams  # request_stop cancels every group's stream
             try:
                 self._serve_groups(streams.streams, run_ids)
+            except grpc.RpcError as error:
+                raise link_error(error) from None
+            except wire.WireError as error:
+                raise InvalidReplyError(str(error)) from None
             finally:
-                self._stream = None
+                self._link = None
                 streams.close()
 
     def _receive(self, slot: GroupSlot, stream: _PipelinedStream) -> seed_pb2.LearnerMessage:

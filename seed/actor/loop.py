@@ -1,34 +1,35 @@
 """The actor: a thin loop around K environments that streams them to the learner.
 
-One process, one bidirectional gRPC stream. Each step sends the K envs' single frames, rewards, dones and
-truncations and finished-episode stats, waits for K actions and steps the envs (finished envs are reset at
-once; their new first frame goes out with done=True). When the learner goes away the actor reconnects
-with exponential backoff (reset after a connection that streamed) and a new run id (its envs restart their
-episodes); a rejected handshake (INVALID_ARGUMENT) or a wrong token (UNAUTHENTICATED) is a configuration error
-and ends the actor. A newer actor run that handshakes with this actor's index takes the index over (that is
-how a restarted actor replaces its dead predecessor); if this actor is still alive, its stream ends with
-`wire.SUPERSEDED` and the actor ends too, rather than evicting the newer one in turn. SIGTERM ends it
+One process, one link to the learner per run (seed/transport/link.py: `ActorLink`). Each step hands the K envs'
+single frames, rewards, dones and truncations and finished-episode stats to the link, waits for K actions and steps
+the envs (finished envs are reset at once; their new first frame goes out with done=True). The link is a gRPC
+stream (seed/transport/grpc/link.py), or, with --transport=shm (or auto, the default, when --server_address is a
+unix socket and the learner offers it), the learner's step slab itself (seed/transport/shm/link.py): handshake,
+token, superseded runs and reconnection are the same.
+
+Errors have one path: every link translates its own into LinkDown (the learner went away: reconnect with
+exponential backoff, reset after a connection that streamed, and a new run id, whose envs restart their episodes)
+or a LinkFatal, which ends the actor: ConfigurationError (a rejected handshake or a wrong token), SupersededError (a
+newer actor run that handshook with this actor's index took it over: that is how a restarted actor replaces its
+dead predecessor; this one ends rather than evict the newer one in turn) and InvalidReplyError. SIGTERM ends it
 cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
-call's metadata (seed/transport/). With --transport=shm (or auto, the default, when --server_address is a unix
-socket and the learner offers it) the actor attaches to the learner's step slab instead and its steps skip
-protobuf and gRPC (seed/transport/shm/link.py); handshake, token, superseded runs and reconnection are the same.
-With --compression=lz4 over TCP the actor asks for lz4 in its handshake and, if the learner grants it,
-compresses every step's observations (seed/transport/grpc/compression.py); on a unix socket it sends them raw.
+call's metadata or the shm hello (seed/transport/). With --compression=lz4 over TCP the actor asks for lz4 in its
+handshake and, if the learner grants it, compresses every step's observations (seed/transport/grpc/compression.py);
+on a unix socket it sends them raw.
 """
 
 from __future__ import annotations
 
 import logging
-import queue
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import grpc
 import numpy as np
 
-from seed._proto import seed_pb2, seed_pb2_grpc
+from seed._proto import seed_pb2
 from seed.actor.stats import ActorStats
 from seed.config import ActorConfig
 from seed.envs import make_batch
@@ -36,7 +37,9 @@ from seed.envs.base import BatchStep, EnvBatch
 from seed.transport import TransportConfigError, TransportSecurity, open_channel, wire
 from seed.transport.grpc import compression
 from seed.transport.grpc.channel import unix_listener_problem
-from seed.transport.shm.link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
+from seed.transport.grpc.link import GrpcLink, granted_codec
+from seed.transport.link import ActorLink, LinkDown, LinkError
+from seed.transport.shm.link import ShmLink, ShmUnavailable
 from seed.transport.shm.protocol import handover_path
 
 log = logging.getLogger(__name__)
@@ -53,19 +56,6 @@ def _shm_path(config: ActorConfig, security: TransportSecurity) -> str | None:
             f"{' with mutual TLS' if security.tls else ''}, expected a unix: socket of a learner on this host "
             "without --tls_* (the shared-memory path cannot check a TLS identity)")
     return None if security.tls else path
-
-
-class ConfigurationError(RuntimeError):
-    """The learner rejected this actor (e.g. a different env spec): retrying cannot help."""
-
-
-class SupersededError(RuntimeError):
-    """A newer actor run took over this actor's index while this one was alive: reconnecting would evict it."""
-
-
-class InvalidReplyError(RuntimeError):
-    """The learner's reply is one the actor refuses to step its envs with (actions of the wrong dtype or shape, a
-    NaN or inf in a Box action): the message names the field, the value received and the value expected."""
 
 
 class ReconnectBackoff:
@@ -104,52 +94,15 @@ def asked_compression(config: ActorConfig) -> str:
 
 def granted_compression(config: ActorConfig, asked: str, reply: seed_pb2.HandshakeReply) -> str:
     """The codec of this connection's observations: what the learner's reply granted (never more than asked)."""
-    granted = reply.compression or compression.NONE
-    if granted not in (asked, compression.NONE):
-        raise ConfigurationError(f"handshake_reply.compression: got {reply.compression!r}, expected {asked!r} or ''")
-    if granted != asked:
-        print(f"[actor {config.actor_index}] the learner did not grant --compression={asked}; sending raw "
-              "observations", flush=True)
+    granted = granted_codec(asked, reply)
+    _said_not_granted(config, asked, granted)
     return granted
 
 
-def step_message(step: BatchStep, codec: str = compression.NONE) -> seed_pb2.ActorMessage:
-    """The StepBatch message of K envs' step: frames [K, *obs] (compressed with `codec`, see
-    seed/transport/grpc/compression.py),
-    rewards as float32, done/truncated flags [K], the episodes that ended, and the send time (unix seconds)."""
-    return seed_pb2.ActorMessage(step=seed_pb2.StepBatch(
-        observation=compression.encode_tensor(step.observation, codec),
-        reward=wire.encode_tensor(step.reward.astype(np.float32, copy=False)),
-        done=wire.encode_tensor(step.done),
-        truncated=wire.encode_tensor(step.truncated),
-        finished=[wire.episode_to_proto(e) for e in step.finished],
-        actor_send_time=time.time()))
-
-
-class _Stream:
-    """A bidirectional stream driven one request / one response at a time."""
-
-    def __init__(self, stub: seed_pb2_grpc.LearnerStub, metadata: tuple = ()):
-        self._outgoing: queue.SimpleQueue = queue.SimpleQueue()
-        self._responses = stub.Stream(self._requests(), metadata=metadata or None)
-
-    def _requests(self) -> Iterator[seed_pb2.ActorMessage]:
-        while True:
-            message = self._outgoing.get()
-            if message is None:
-                return
-            yield message
-
-    def call(self, message: seed_pb2.ActorMessage) -> seed_pb2.LearnerMessage:
-        self._outgoing.put(message)
-        return next(self._responses)
-
-    def cancel(self) -> None:
-        self._responses.cancel()
-
-    def close(self) -> None:
-        self._outgoing.put(None)
-        self._responses.cancel()
+def _said_not_granted(config: ActorConfig, asked: str, granted: str) -> None:
+    if granted != asked:
+        print(f"[actor {config.actor_index}] the learner did not grant --compression={asked}; sending raw "
+              "observations", flush=True)
 
 
 class Actor:
@@ -169,7 +122,7 @@ class Actor:
         self.latencies_s: list[float] = []  # round trips of the current log window
         self.connections = 0
         self.stats = ActorStats(config.stats_file, config.stats_interval_s, self.spec.action_repeat, config.actor_index)
-        self._stream: _Stream | None = None
+        self._link: ActorLink | None = None  # of the current connection, for request_stop
 
     def _make_envs(self) -> EnvBatch:
         """The K envs, env ids [actor_index * K, (actor_index + 1) * K). Env groups: seed/actor/env_groups.py."""
@@ -183,53 +136,31 @@ class Actor:
     def request_stop(self) -> None:
         """Stops the actor from any thread or a signal handler, also while it waits for the learner."""
         self.stop.set()
-        stream = self._stream
-        if stream is not None:
-            stream.cancel()
+        link = self._link
+        if link is not None:
+            link.cancel()
 
     def run(self) -> None:
-        """Serves the learner until `stop`. Raises ConfigurationError (rejected by the learner) or
-        SupersededError (a newer actor run took over this actor's index)."""
+        """Serves the learner until `stop`. Raises ConfigurationError (rejected by the learner), SupersededError (a
+        newer actor run took over this actor's index) or InvalidReplyError (actions it will not step with)."""
         backoff = ReconnectBackoff(0.1, self.config.reconnect_max_backoff_s)
         try:
             while not self.stop.is_set():
                 steps_before = self.agent_steps
                 try:
                     self._run_connection()
-                except grpc.RpcError as error:
+                except LinkError as error:
                     if self.stop.is_set():
-                        break
-                    if error.code() in (grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.UNAUTHENTICATED):
-                        raise ConfigurationError(error.details()) from None
-                    if error.code() == wire.SUPERSEDED:
-                        raise SupersededError(error.details()) from None
+                        break  # stopping: however the link ended
+                    if not isinstance(error, LinkDown):
+                        raise  # a LinkFatal ends the actor
                     delay = backoff.after_failure(streamed=self.agent_steps > steps_before)
-                    print(f"[actor {self.config.actor_index}] learner unavailable ({error.code().name}: "
-                          f"{error.details()}); reconnecting in {delay:.1f}s", flush=True)
+                    print(f"[actor {self.config.actor_index}] learner unavailable over {error.transport} ({error}); "
+                          f"reconnecting in {delay:.1f}s", flush=True)
                     self.stop.wait(delay)
-                except ShmRejected as error:
-                    if self.stop.is_set():
-                        break
-                    if error.code in ("INVALID_ARGUMENT", "UNAUTHENTICATED"):
-                        raise ConfigurationError(error.details) from None
-                    self._shm_failed(backoff, error, steps_before)
-                except ShmSuperseded as error:
-                    raise SupersededError(str(error)) from None
-                except wire.WireError as error:
-                    raise InvalidReplyError(str(error)) from None
-                except ShmUnavailable as error:
-                    if self.stop.is_set():
-                        break
-                    self._shm_failed(backoff, error, steps_before)
         finally:
             self.stats.write(final=True)
             self.envs.close()
-
-    def _shm_failed(self, backoff: ReconnectBackoff, error: Exception, steps_before: int) -> None:
-        delay = backoff.after_failure(streamed=self.agent_steps > steps_before)
-        print(f"[actor {self.config.actor_index}] learner unavailable over shm ({error}); reconnecting in "
-              f"{delay:.1f}s", flush=True)
-        self.stop.wait(delay)
 
     def _wait_for_learner(self, channel: grpc.Channel) -> None:
         """Waits until the channel connects and, for a unix: address, the listener runs as this actor's user or
@@ -273,69 +204,62 @@ class Actor:
                                   compression=self.asked_compression)
 
     def _run_connection(self) -> None:
-        run_id = random.SystemRandom().getrandbits(63)
-        link = None
-        with open_channel(self.config.server_address, self.security) as channel:
-            self._wait_for_learner(channel)  # the learner serves gRPC before it offers shm: wait on either path
-            if self.stop.is_set():
-                return
-            if self.shm_path:
-                link = self._attach_shm(run_id)
-            if link is None:
-                self._stream = stream = _Stream(seed_pb2_grpc.LearnerStub(channel), self.security.call_metadata())
-                try:
-                    self._serve(stream, run_id)
-                finally:
-                    self._stream = None
-                    stream.close()
-                return
+        """One run: connect (a new run id), step until `stop` or a link error."""
+        link = self._connect(random.SystemRandom().getrandbits(63))
+        if link is None:
+            return
         try:
-            self._serve_shm(link, run_id)
+            self._step_loop(link.step)
         finally:
+            self._link = None
             link.close()
 
-    def _attach_shm(self, run_id: int) -> ShmLink | None:
+    def _connect(self, run_id: int) -> ActorLink | None:
+        """This run's link, handshaken: shared memory when --transport allows it and the learner offers it, else
+        gRPC; None if the actor stops while it waits for the learner."""
+        channel = open_channel(self.config.server_address, self.security)
+        grpc_link = None  # owns the channel once built
+        try:
+            self._wait_for_learner(channel)  # the learner serves gRPC before it offers shm: wait on either path
+            if self.stop.is_set():
+                channel.close()
+                return None
+            handshake = self._handshake(run_id)
+            link = self._attach_shm(handshake) if self.shm_path else None
+            if link is not None:
+                channel.close()
+                self.compression = compression.NONE
+            else:
+                link = grpc_link = GrpcLink(channel, self.security.call_metadata(), self.spec,
+                                            self.config.envs_per_actor)
+                self._link = grpc_link  # request_stop cancels a handshake that waits, too
+                grpc_link.handshake(handshake)
+                self.compression = grpc_link.codec
+                _said_not_granted(self.config, self.asked_compression, grpc_link.codec)
+        except BaseException:
+            self._link = None
+            if grpc_link is not None:
+                grpc_link.close()
+            else:
+                channel.close()
+            raise
+        self._link = link
+        self.connections += 1
+        self.transport = link.transport
+        print(f"[actor {self.config.actor_index}] connected to {self.config.server_address} over {link.transport} "
+              f"(env ids from {link.first_env_id}, run {run_id:x})", flush=True)
+        return link
+
+    def _attach_shm(self, handshake: seed_pb2.Handshake) -> ShmLink | None:
         """The shared-memory link of this run, or None to use gRPC (--transport=auto and the learner offers no
         shm: no handover socket, e.g. --shm_actors=false). Raises ShmUnavailable for --transport=shm."""
         try:
-            return ShmLink.connect(self.shm_path, self._handshake(run_id), self.security.call_metadata(), self.stop)
+            return ShmLink.connect(self.shm_path, handshake, self.security.call_metadata(), self.stop)
         except ShmUnavailable as error:
             if self.config.transport == "shm":
                 raise
             print(f"[actor {self.config.actor_index}] no shared-memory path ({error}); using gRPC", flush=True)
             return None
-
-    def _serve_shm(self, link: ShmLink, run_id: int) -> None:
-        self._connected(link.first_env_id, run_id, "shm")
-
-        def exchange(step: BatchStep) -> np.ndarray:
-            actions = link.step(step.observation, step.reward.astype(np.float32, copy=False), step.done,
-                                step.truncated)
-            wire.check_actions(actions, self.spec, "slab.action")
-            if step.finished:
-                link.send_episodes([wire.episode_to_proto(e) for e in step.finished])
-            return actions
-
-        self._step_loop(exchange)
-
-    def _connected(self, first_env_id: int, run_id: int, transport: str) -> None:
-        self.connections += 1
-        self.transport = transport
-        print(f"[actor {self.config.actor_index}] connected to {self.config.server_address} over {transport} "
-              f"(env ids from {first_env_id}, run {run_id:x})", flush=True)
-
-    def _serve(self, stream: _Stream, run_id: int) -> None:
-        reply = stream.call(seed_pb2.ActorMessage(handshake=self._handshake(run_id)))
-        self.compression = codec = granted_compression(self.config, self.asked_compression, reply.handshake_reply)
-        self._connected(reply.handshake_reply.first_env_id, run_id,
-                        "grpc" if codec == compression.NONE else f"grpc+{codec}")
-        k = self.config.envs_per_actor
-
-        def exchange(step: BatchStep) -> np.ndarray:
-            reply = stream.call(step_message(step, codec))
-            return wire.decode_actions(reply.actions.action, self.spec, k)
-
-        self._step_loop(exchange)
 
     def _step_loop(self, exchange: Callable[[BatchStep], np.ndarray]) -> None:
         """Steps the envs until `stop`; `exchange` hands one step to the learner and returns its actions."""

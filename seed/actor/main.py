@@ -37,8 +37,8 @@ def main(argv: list[str]) -> None:
         print(f"seed-actor: {config.env_groups_error()}", file=sys.stderr)
         sys.exit(2)
     from seed.actor.env_groups import make_actor
-    from seed.actor.loop import ConfigurationError, InvalidReplyError, SupersededError
     from seed.transport import TransportConfigError
+    from seed.transport.link import ConfigurationError, InvalidReplyError, SupersededError
 
     try:
         actor = make_actor(config)

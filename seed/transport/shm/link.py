@@ -3,8 +3,8 @@
 `ShmLink.connect` dials the learner's handover socket (`<unix socket>.shm`, seed/transport/shm/protocol.py),
 checks that its listener runs as this actor's user (or root), sends the same Handshake and token a gRPC stream
 would and receives the slab's memfd, the request pipe of its inference device and its own reply eventfd. Each
-`step` then does what the serving process's stream thread does for a gRPC actor (seed/transport/grpc/service.py), with
-the same slab protocol (seed/transport/slab.py):
+`exchange` then does what the serving process's stream thread does for a gRPC actor (seed/transport/grpc/service.py),
+with the same slab protocol (seed/transport/slab.py):
 
   take the slot's cross-process lock  ->  check that this run is still the index's live run (else superseded)
   ->  finish a predecessor's unanswered request (notify it again, wait for its answer)  ->  write the K rows
@@ -16,6 +16,11 @@ eventfd read. The reply is read only after an eventfd read (the kernel orders in
 it), never by polling `reply_seq`. Inference checks the rows like the serving process checks a StepBatch and
 answers a bad one REPLY_INVALID with the reason. The handover connection stays open for the run: the learner
 closing it (serving process or learner gone, shutdown) ends the run and the actor reconnects.
+
+`ShmLink` is the shared-memory `ActorLink` (seed/transport/link.py): `step` is `exchange` plus the actions' check
+and the finished episodes' frame. Its errors are of the link family: ShmUnavailable is a LinkDown, ShmSuperseded a
+SupersededError, ShmRejected (INVALID_ARGUMENT, UNAUTHENTICATED: what the gRPC path refuses with) a
+ConfigurationError; a refusal with any other code (DEADLINE_EXCEEDED for a slow hello) is a ShmUnavailable.
 """
 
 from __future__ import annotations
@@ -32,28 +37,41 @@ import time
 import numpy as np
 
 from seed._proto import seed_pb2
-from seed.transport import notify
+from seed.envs.base import BatchStep, EnvSpec
+from seed.transport import notify, wire
+from seed.transport.link import ActorLink, ConfigurationError, InvalidReplyError, LinkDown, SupersededError
 from seed.transport.shm import protocol as shm_protocol
 from seed.transport.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, SlabLayout, StepSlab
 
 _POLL_MS = 100  # how often a wait checks the actor's stop event
 
 
-class ShmUnavailable(RuntimeError):
+class ShmUnavailable(LinkDown):
     """The learner cannot be reached over shared memory now (no handover socket, connection closed, inference
     failed): reconnect later, like after a gRPC stream's UNAVAILABLE."""
 
+    def __init__(self, message: str):
+        super().__init__(message, "shm")
 
-class ShmRejected(RuntimeError):
-    """The learner refused this actor; `code` is the gRPC status name it would have used (INVALID_ARGUMENT,
-    UNAUTHENTICATED, ...): retrying cannot help."""
+
+class ShmRejected(ConfigurationError):
+    """The learner refused this actor; `code` is the gRPC status name it would have used (INVALID_ARGUMENT or
+    UNAUTHENTICATED): retrying cannot help."""
 
     def __init__(self, code: str, details: str):
-        super().__init__(f"{code}: {details}")
+        super().__init__(details)
         self.code, self.details = code, details
 
 
-class ShmSuperseded(RuntimeError):
+FATAL_CODES = ("INVALID_ARGUMENT", "UNAUTHENTICATED")  # the refusals a gRPC actor ends on too
+
+
+def refusal(code: str, details: str) -> ShmRejected | ShmUnavailable:
+    """The error of the learner's refusal frame: ShmRejected for FATAL_CODES, else ShmUnavailable (reconnect)."""
+    return ShmRejected(code, details) if code in FATAL_CODES else ShmUnavailable(f"{code}: {details}")
+
+
+class ShmSuperseded(SupersededError):
     """A newer run of this actor index handshook while this one was alive."""
 
 
@@ -72,16 +90,19 @@ def check_peer(sock: socket.socket, path: str) -> None:
                              "was not sent")
 
 
-class ShmLink:
+class ShmLink(ActorLink):
     """One actor run attached to the learner's step slab. Build with `connect`; `close` when the run ends."""
 
+    transport = "shm"
+
     def __init__(self, sock: socket.socket, slab: StepSlab, request_fd: int, reply_fd: int, actor: int,
-                 run_id: int, first_env_id: int, stop: threading.Event):
+                 run_id: int, first_env_id: int, stop: threading.Event, spec: EnvSpec):
         self._sock = sock
         self.slab = slab
         self._request_fd, self._reply_fd = request_fd, reply_fd
         self.actor, self.run_id, self.first_env_id = actor, run_id, first_env_id
         self._stop = stop
+        self.spec = spec
         self._poll = select.poll()
         self._poll.register(reply_fd, select.POLLIN)
         self._poll.register(sock.fileno(), select.POLLIN)
@@ -93,6 +114,10 @@ class ShmLink:
 
         Raises ShmUnavailable (no learner offers shm there now), ShmRejected (the learner refused this actor).
         """
+        try:
+            spec = wire.spec_from_proto(handshake.spec)  # for the actions' check
+        except wire.WireError as error:  # what the learner's handshake check would refuse
+            raise ShmRejected("INVALID_ARGUMENT", f"handshake.{error}") from None
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         fds: list[int] = []
         try:
@@ -110,7 +135,7 @@ class ShmLink:
                 raise ShmUnavailable(f"handover socket {path}: closed before the handshake reply")
             reply = shm_protocol.read_json(payload, "handshake reply")
             if not reply.get("ok"):
-                raise ShmRejected(str(reply.get("code", "UNKNOWN")), str(reply.get("details", "")))
+                raise refusal(str(reply.get("code", "UNKNOWN")), str(reply.get("details", "")))
             if len(fds) != shm_protocol.NUM_FDS:
                 raise ShmUnavailable(f"handshake reply: got {len(fds)} descriptors, expected {shm_protocol.NUM_FDS}")
             memfd, request_fd, reply_fd = fds
@@ -124,7 +149,7 @@ class ShmLink:
             slab = StepSlab.attach(layout)
             sock.settimeout(None)
             link = cls(sock, slab, request_fd, reply_fd, handshake.actor_index, handshake.run_id,
-                       int(reply["first_env_id"]), stop)
+                       int(reply["first_env_id"]), stop, spec)
         except (OSError, shm_protocol.FrameError, KeyError, TypeError) as error:
             cls._discard(sock, fds)
             raise ShmUnavailable(f"handover socket {path}: {type(error).__name__}: {error}") from None
@@ -143,10 +168,21 @@ class ShmLink:
                 os.close(fd)
         sock.close()
 
-    def step(self, observation: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
-             ) -> np.ndarray:
+    def step(self, step: BatchStep) -> np.ndarray:
+        actions = self.exchange(step.observation, step.reward.astype(np.float32, copy=False), step.done,
+                                step.truncated)
+        try:
+            wire.check_actions(actions, self.spec, "slab.action")
+        except wire.WireError as error:
+            raise InvalidReplyError(str(error)) from None
+        if step.finished:
+            self.send_episodes([wire.episode_to_proto(e) for e in step.finished])
+        return actions
+
+    def exchange(self, observation: np.ndarray, reward: np.ndarray, done: np.ndarray, truncated: np.ndarray
+                 ) -> np.ndarray:
         """Hands one step of the K envs to inference through the slab; their actions (a copy: int32 [K], or
-        float32 [K, D] for a Box; the caller checks their values, `wire.check_actions`)."""
+        float32 [K, D] for a Box; unchecked: `step` checks them, `wire.check_actions`)."""
         slab, actor = self.slab, self.actor
         self._lock()
         try:
@@ -221,7 +257,7 @@ class ShmLink:
         if payload is None:
             raise ShmUnavailable("the learner closed the shm connection (serving process or learner gone)")
         reply = shm_protocol.read_json(payload, "learner message")
-        raise ShmRejected(str(reply.get("code", "UNKNOWN")), str(reply.get("details", "")))
+        raise refusal(str(reply.get("code", "UNKNOWN")), str(reply.get("details", "")))
 
     def _superseded(self) -> str:
         return (f"actor_index {self.actor}: superseded by a newer actor run (run "
