@@ -1,4 +1,8 @@
-"""The serving process: the learner's gRPC front end, a separate OS process with its own GIL.
+"""The serving process: the learner's front end for actors, a separate OS process with its own GIL.
+
+It runs the learner's side of each transport (seed/transport/link.py has the list): `SlabService` over gRPC on
+every listen address, and `ShmHandover` on `P.shm` beside each unix:P address (unless --shm_actors=false or TLS).
+Both write the actors' steps into the step slab, which inference answers.
 
 The learner starts it (`ServingProcess.start`) with the slab layout, the env spec, the listen addresses and
 these inherited file descriptors: request pipes (to each inference device), one reply eventfd per actor index
