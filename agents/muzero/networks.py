@@ -251,9 +251,9 @@ class ResNetMuZeroNetwork(MuZeroNetwork):
         self.value_prefix = _ValuePrefixLSTM(flat, lstm_size, head_hidden, 2 * reward_support + 1, norm=True)
         self.projection = _ProjectionHead(channels * math.prod(latent_hw), projection_size, projection_size,
                                           predictor_hidden)
-        # Channels-last (NHWC) weights and inputs, so every convolution's output is channels-last too: oneDNN's
-        # convolutions on MinAtar's 16 x 10 x 10 latents ran 1.6-1.8x faster forward and backward than on NCHW,
-        # which it reorders on every call (docs/performance/cpu/muzero_update.md). The same values either way.
+        # Channels-last (NHWC) weights and inputs, so every convolution's output is channels-last too: oneDNN
+        # reorders NCHW on every call, and on MinAtar's 16 x 10 x 10 latents the convolutions' share of an update
+        # fell from 40% to 32% (docs/performance/cpu/muzero_update.md). The same values either way.
         self.to(memory_format=self.memory_format)
 
     def _downsampled(self, observation: torch.Tensor) -> torch.Tensor:
