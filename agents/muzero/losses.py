@@ -124,10 +124,10 @@ def unroll_targets(unrolls: Unroll, bootstrap: torch.Tensor, config: LearnerConf
 
 def unroll_model(network: nn.Module, latent: torch.Tensor, actions: torch.Tensor, prefix_horizon: int
                  ) -> dict[str, torch.Tensor]:
-    """The model unrolled K steps from the start latents [N, ...] with actions [K + 1, N'...] (row k - 1 taken
-    into step k; flattened to [N] per step): each step's dynamics (its gradient halved into the step before,
-    MuZero's scaling), value prefix (the LSTM reset after every `prefix_horizon` steps), prediction and
-    consistency projection, stacked over the steps:
+    """The model unrolled K steps from the start latents [N, ...] with the actions [K + 1, U, B] of
+    `gather_unroll` (N = U B; row k - 1 is taken into step k, row K is unused): each step's dynamics (its
+    gradient halved into the step before, MuZero's scaling), value prefix (the LSTM reset after every
+    `prefix_horizon` steps), prediction and consistency projection, stacked over the steps:
 
       policy [K + 1, N, A], value [K + 1, N, 2 Sv + 1]  (k = 0 is the start's own prediction)
       prefix [K, N, 2 Sr + 1], projection [K, N, P]       (steps k = 1..K)
