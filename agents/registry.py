@@ -14,10 +14,11 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 from typing import Any
 
-PLUGINS_ENV = "SEED_RL_PLUGINS"
+from seed import envs
+
+PLUGINS_ENV = envs.PLUGINS_ENV
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,8 +37,6 @@ AGENTS: dict[str, Registration] = {
     "sac": Registration("seed.agents.sac.agent:SACAgent", "seed.agents.sac.config:SACConfig"),
 }
 
-_plugins_loaded = False
-
 
 def register(name: str, registration: Registration) -> None:
     """Adds an agent (from a plugin module; see the module docstring). A name taken by another is refused."""
@@ -48,16 +47,8 @@ def register(name: str, registration: Registration) -> None:
 
 
 def _load_plugins() -> None:
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
-    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
-        try:
-            importlib.import_module(module)
-        except ImportError as error:
-            raise ValueError(f"{PLUGINS_ENV}: got module {module!r}, which does not import ({error}); expected "
-                             "importable modules that register agents") from error
+    # One loader for every kind of plug-in: a module may register agents and env families alike.
+    envs.load_plugins()
 
 
 def names() -> list[str]:

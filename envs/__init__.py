@@ -1,41 +1,179 @@
-"""Environment families. `--env=FAMILY:NAME` picks one, e.g. `gym:CartPole-v1`, `atari:Pong`, `minatar:breakout`.
+"""Environment families: the registry. `--env=FAMILY:NAME` picks one, e.g. `gym:CartPole-v1`, `atari:Pong`,
+`minatar:breakout`.
 
-Every family module defines:
+The one place that names the families: `FAMILIES` maps each name to its `Registration`. A new family is a module
+plus one line here; a family outside this package registers itself: a module named in the environment variable
+SEED_RL_PLUGINS (comma-separated, importable on PYTHONPATH; the same variable that loads agents) calls `register`
+when imported. Every process of a run imports the plug-ins, so they all know the same families.
+
+A family's envs module defines:
 
     make_spec(name: str, options: dict) -> EnvSpec
     make_batch(name: str, num_envs: int, first_env_id: int, options: dict) -> EnvBatch
+    render_rgb() on the envs of its batch (`batch.envs[0].render_rgb()`, uint8 [H, W, 3]), for seed-eval's videos
+                                      (optional; the option `render_rgb`, True when a video is asked for, lets an
+                                      env prepare)
 
-`options` holds the env flags (seed, sticky_actions, ...); env i of the run is seeded from
+and its declarations, in the same module or in a config module importable without the family's own dependencies
+(`Registration.config`, e.g. envs/atari_config.py), may define (the framework reaches them through this module
+only, never by a family's name):
+
+    Options                           a dataclass of its flags (fields made with `base.flag`): the learner, the
+                                      actors and seed-eval get them as --<name>; the values reach `options`
+    AGENT_DEFAULTS: dict[str, dict]   agent name -> its defaults on this family, over the agent's own defaults and
+                                      under a preset's values (e.g. R2D2's paper Table 8 on Atari)
+    SHOWS_RAW_RETURN: bool            the raw return (the score) differs from the rewards' sum: log both
+    EVALUATION_OPTIONS: dict          options seed-eval plays with (over the run's)
+    reference_scores(name, settings) -> (human, random)
+                                      reference returns for human-normalised scores; `settings` holds the run's
+                                      configuration values; ValueError, KeyError or OSError say why there are none
+
+`options` holds the env flags (seed, action_repeat, the family's own ...); env i of the run is seeded from
 `options["seed"] + first_env_id + i`, so runs are repeatable.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import os
+from collections.abc import Mapping
+from types import ModuleType
 from typing import Any
 
 from seed.envs.base import EnvBatch, EnvSpec
 
-FAMILIES = ("gym", "atari", "football", "minatar", "fake")
+PLUGINS_ENV = "SEED_RL_PLUGINS"
+
+
+
+@dataclasses.dataclass(frozen=True)
+class Registration:
+    """Where a family lives: the module of its envs (make_spec, make_batch) and the module of its declarations
+    (Options, AGENT_DEFAULTS, the reporting hooks), imported without the envs' dependencies; "" = the envs module."""
+
+    module: str
+    config: str = ""
+
+
+FAMILIES: dict[str, Registration] = {
+    "gym": Registration("seed.envs.gym"),
+    "atari": Registration("seed.envs.atari", "seed.envs.atari_config"),
+    "football": Registration("seed.envs.football", "seed.envs.football_config"),
+    "minatar": Registration("seed.envs.minatar"),
+    "fake": Registration("seed.envs.fake"),
+}
+
+_plugins_loaded = False
+
+
+def register(name: str, registration: Registration) -> None:
+    """Adds an env family (from a plug-in module): `--env=<name>:...` then uses it. A taken name is refused."""
+    if not name or ":" in name:
+        raise ValueError(f"env family: got name {name!r}, expected a non-empty name without ':'")
+    existing = FAMILIES.get(name)
+    if existing is not None and existing != registration:
+        raise ValueError(f"env family {name!r}: already registered as {existing}, refused {registration}")
+    FAMILIES[name] = registration
+
+
+def load_plugins() -> None:
+    """Imports the modules SEED_RL_PLUGINS names (once per process); they register agents and env families."""
+    global _plugins_loaded
+    if _plugins_loaded:
+        return
+    _plugins_loaded = True
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as error:
+            raise ValueError(f"{PLUGINS_ENV}: got module {module!r}, which does not import ({error}); expected "
+                             "importable modules that register agents or env families") from error
+
+
+def names() -> list[str]:
+    """Every registered family's name, built-in ones first."""
+    load_plugins()
+    return list(FAMILIES)
 
 
 def split_env_name(env: str) -> tuple[str, str]:
     """'atari:Pong' -> ('atari', 'Pong'), with a clear error for a malformed value."""
     family, sep, name = env.partition(":")
-    if not sep or not name or family not in FAMILIES:
+    if not sep or not name or family not in names():
         raise ValueError(f"--env: got {env!r}, expected FAMILY:NAME with FAMILY one of {', '.join(FAMILIES)}")
     return family, name
 
 
-def _module(family: str):
-    return importlib.import_module(f"seed.envs.{family}")
+def _registration(family: str) -> Registration:
+    if family not in names():
+        raise ValueError(f"env family: got {family!r}, expected one of {', '.join(FAMILIES)}")
+    return FAMILIES[family]
+
+
+def family_module(family: str) -> ModuleType:
+    """The envs module of the registered family `family` (imported on first use)."""
+    return importlib.import_module(_registration(family).module)
+
+
+def family_config(family: str) -> ModuleType:
+    """The module of the family's declarations (Options, AGENT_DEFAULTS, hooks): imported without its envs."""
+    registration = _registration(family)
+    return importlib.import_module(registration.config or registration.module)
+
+
+def option_classes() -> dict[str, type]:
+    """Family name -> its `Options` dataclass, for every registered family that has flags (built-in ones first).
+    Two families declaring one flag are refused naming both."""
+    found: dict[str, type] = {}
+    owner: dict[str, str] = {}
+    for family in names():
+        options = getattr(family_config(family), "Options", None)
+        if options is None:
+            continue
+        for field in dataclasses.fields(options):
+            if field.name in owner:
+                raise ValueError(f"env family {family!r}: flag --{field.name} is declared by {owner[field.name]!r} "
+                                 "too; expected each family's flags to have names of their own")
+            owner[field.name] = family
+        found[family] = options
+    return found
 
 
 def make_spec(env: str, options: dict[str, Any] | None = None) -> EnvSpec:
     family, name = split_env_name(env)
-    return _module(family).make_spec(name, dict(options or {}))
+    return family_module(family).make_spec(name, dict(options or {}))
 
 
 def make_batch(env: str, num_envs: int, first_env_id: int, options: dict[str, Any] | None = None) -> EnvBatch:
     family, name = split_env_name(env)
-    return _module(family).make_batch(name, num_envs, first_env_id, dict(options or {}))
+    return family_module(family).make_batch(name, num_envs, first_env_id, dict(options or {}))
+
+
+# ----------------------------------------------------------------------------------------------- family hooks
+
+
+def agent_defaults(env: str, agent: str) -> dict[str, Any]:
+    """The defaults of agent `agent` on the family of `env` (its `AGENT_DEFAULTS` entry; {} without one)."""
+    family, _ = split_env_name(env)
+    return dict(getattr(family_config(family), "AGENT_DEFAULTS", {}).get(agent, {}))
+
+
+def shows_raw_return(env: str) -> bool:
+    """True when the family's raw return (its score, e.g. Football's goals) differs from the rewards' sum."""
+    family, _ = split_env_name(env)
+    return bool(getattr(family_config(family), "SHOWS_RAW_RETURN", False))
+
+
+def evaluation_options(env: str) -> dict[str, Any]:
+    """The options seed-eval sets over the run's for the family of `env` (e.g. no threaded vector env)."""
+    family, _ = split_env_name(env)
+    return dict(getattr(family_config(family), "EVALUATION_OPTIONS", {}))
+
+
+def reference_scores(env: str, settings: Mapping[str, Any]) -> tuple[float, float] | None:
+    """(human, random) reference returns of `env` for human-normalised scores, or None for a family without them.
+    Raises what the family's `reference_scores` raises when the env lacks a score (ValueError, KeyError, OSError)."""
+    family, name = split_env_name(env)
+    hook = getattr(family_config(family), "reference_scores", None)
+    return None if hook is None else hook(name, settings)

@@ -45,23 +45,25 @@ import cv2
 import numpy as np
 from ale_py import Action, ALEInterface, LoggerMode, roms
 
-from seed.envs.base import BatchStep, EnvBatch, EnvSpec, EpisodeStats, SequentialEnvBatch, StepResult
+from seed.envs.atari_config import Options
+from seed.envs.base import (
+    BatchStep,
+    EnvBatch,
+    EnvSpec,
+    EpisodeStats,
+    SequentialEnvBatch,
+    StepResult,
+    option_defaults,
+)
 
 OBSERVATION_SHAPE = (84, 84)  # (height, width) of one observation
 FULL_ACTION_SET_SIZE = 18
 STICKY_ACTION_PROBABILITY = 0.25
-DEFAULTS: dict[str, Any] = {
-    "seed": 0,
-    "action_repeat": 4,
-    "sticky_actions": False,
-    "atari_minimal_action_set": False,
-    "atari_max_frames": 108_000,
-    "atari_noop_max": 30,
-    "atari_vector_env": False,
-    "atari_vector_threads": 1,
-    "atari_frame_size": OBSERVATION_SHAPE[0],
-}
+# Its flags' defaults (envs/atari_config.py: Options), and two options that are no flags.
+DEFAULTS: dict[str, Any] = {"seed": 0, "action_repeat": 4, **option_defaults(Options), "atari_noop_max": 30,
+                            "atari_vector_threads": 1}
 FRAME_STACK = 4
+
 
 ALEInterface.setLoggerMode(LoggerMode.Error)
 

@@ -245,6 +245,17 @@ class SequentialEnvBatch:
             env.close()
 
 
-# An env family module exposes these two functions; `seed.envs.family(name)` finds them.
+def flag(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's naming
+    """A field of a family's `Options` dataclass that becomes the flag --<name> of the learner, the actors and
+    seed-eval (seed/config.py defines the flags), with this default and help."""
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+def option_defaults(options_class: type) -> dict[str, Any]:
+    """A family's `Options` dataclass as {flag name: default}: what its envs use for an option not given."""
+    return {f.name: f.default for f in dataclasses.fields(options_class)}
+
+
+# An env family module exposes these two functions; `seed.envs.family_module(name)` finds them.
 SpecFn = Callable[[str, dict[str, Any]], EnvSpec]
 BatchFn = Callable[[str, int, int, dict[str, Any]], EnvBatch]

@@ -12,16 +12,35 @@ envs of an actor step in one vectorised NumPy call.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
 
-from seed.envs.base import BatchStep, EnvSpec, EpisodeStats
+from seed.envs.base import BatchStep, EnvSpec, EpisodeStats, flag
+from seed.envs.gym import AGENT_DEFAULTS as gym_defaults
 
 _KINDS = {
     "vector": dict(observation_shape=(8,), observation_dtype="float32", num_actions=4),
     "atari": dict(observation_shape=(84, 84), observation_dtype="uint8", num_actions=18, action_repeat=4,
                   frame_stack=4),
+}
+
+
+@dataclasses.dataclass
+class Options:
+    """The fake family's flags (envs/__init__.py)."""
+
+    fake_episode_length: int = flag(100, "fake: agent steps per episode.")
+
+
+# Each agent's defaults on fake (envs/__init__.py: AGENT_DEFAULTS): short unrolls and small batches for tests;
+# r2d2 and muzero take their gym settings.
+AGENT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vtrace": dict(unroll_length=20, batch_size=16, use_lstm=False),
+    "ppo": dict(sync="hts", sync_every=20, use_lstm=False, lambda_=0.95, baseline_cost=0.5),
+    "r2d2": gym_defaults["r2d2"],
+    "muzero": gym_defaults["muzero"],
 }
 
 
@@ -79,4 +98,5 @@ class FakeEnvBatch:
 
 
 def make_batch(name: str, num_envs: int, first_env_id: int, options: dict[str, Any]) -> FakeEnvBatch:
-    return FakeEnvBatch(make_spec(name, options), num_envs, first_env_id, int(options.get("fake_episode_length", 100)))
+    episode_length = int(options.get("fake_episode_length", Options.fake_episode_length))
+    return FakeEnvBatch(make_spec(name, options), num_envs, first_env_id, episode_length)

@@ -28,11 +28,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult
+from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult, option_defaults
+from seed.envs.football_config import Options
 
 SMM_SIZES = {"default": (96, 72), "medium": (120, 90), "large": (144, 108)}  # (width, height)
 NUM_PLANES = 16  # 4 SMM layers x 4 stacked frames
 REWARD_COMPONENTS = ("scoring", "checkpoints")
+DEFAULTS: dict[str, Any] = option_defaults(Options)  # its flags' (envs/football_config.py)
 
 _INSTALL_HINT = "run `make football` (it calls launch/install_football.sh) to build and install it"
 
@@ -68,14 +70,14 @@ def _quiet_episode_lines() -> None:
 
 def smm_size(options: dict[str, Any]) -> tuple[int, int]:
     """options['smm_size'] -> (width, height)."""
-    value = options.get("smm_size", "default")
+    value = options.get("smm_size", DEFAULTS["smm_size"])
     if not isinstance(value, str) or value not in SMM_SIZES:
         raise ValueError(f"smm_size: got {value!r}, expected one of {', '.join(SMM_SIZES)}")
     return SMM_SIZES[value]
 
 
 def _rewards(options: dict[str, Any]) -> str:
-    value = str(options.get("football_rewards", "scoring"))
+    value = str(options.get("football_rewards", DEFAULTS["football_rewards"]))
     parts = [p.strip() for p in value.split(",") if p.strip()]
     if not parts or any(p not in REWARD_COMPONENTS for p in parts):
         raise ValueError(

@@ -29,6 +29,7 @@ Options (the `options` dict of `make_spec` / `make_batch`; all optional):
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import importlib.util
 import os
@@ -37,7 +38,8 @@ from typing import Any
 
 import numpy as np
 
-from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult
+from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult, flag, option_defaults
+from seed.envs.gym import AGENT_DEFAULTS as gym_defaults
 
 # Channels of each game's [10, 10, C] state (minatar 1.0.15; tests/test_minatar.py checks them against the package).
 CHANNELS = {"asterix": 4, "breakout": 4, "freeway": 7, "seaquest": 10, "space_invaders": 6}
@@ -51,11 +53,34 @@ GRID = 10
 PALETTE = np.array([[31, 119, 180], [255, 127, 14], [44, 160, 44], [214, 39, 40], [148, 103, 189], [140, 86, 75],
                     [227, 119, 194], [127, 127, 127], [188, 189, 34], [23, 190, 207]], np.uint8)
 CELL_PIXELS = 16
-DEFAULTS: dict[str, Any] = {
-    "seed": 0,
-    "minatar_sticky_actions": 0.1,
-    "minatar_difficulty_ramping": True,
-    "minatar_minimal_action_set": False,
+
+
+@dataclasses.dataclass
+class Options:
+    """The minatar family's flags (envs/__init__.py; the module docstring says what each does)."""
+
+    minatar_sticky_actions: float = flag(0.1, "MinAtar: probability of repeating the previous action (its 0.1).")
+    minatar_difficulty_ramping: bool = flag(True, "MinAtar: the games speed up over an episode (its default).")
+    minatar_minimal_action_set: bool = flag(False, "MinAtar: the game's own actions instead of all 6.")
+
+
+DEFAULTS: dict[str, Any] = {"seed": 0, **option_defaults(Options)}
+
+# Each agent's defaults on MinAtar (envs/__init__.py: AGENT_DEFAULTS).
+AGENT_DEFAULTS: dict[str, dict[str, Any]] = {
+    # The MinAtar paper's network (no LSTM, as its actor-critic); gym's batch sizes.
+    "vtrace": dict(network="minatar", use_lstm=False, unroll_length=20, batch_size=16, learning_rate=6e-4,
+                   entropy_cost=0.01, discounting=0.99, grad_clip_norm=40.0),
+    # The MinAtar paper's network (its DQN's lr 2.5e-4, gamma 0.99) with a small LSTM.
+    "r2d2": dict(network="minatar", use_lstm=True, lstm_size=128, unroll_length=20, burn_in=5, batch_size=32,
+                 learning_rate=2.5e-4, adam_epsilon=1e-5, discounting=0.99, n_steps=3, replay_capacity=10_000,
+                 replay_min_size=200, replay_ratio=2.0, target_update_interval=250, grad_clip_norm=40.0),
+    # The Atari recipe (CleanRL's) on the MinAtar paper's network, rewards unclipped, synchronous (`--sync=hts`).
+    "ppo": dict(sync="hts", sync_every=128, use_lstm=False, lambda_=0.95, baseline_cost=0.5, network="minatar",
+                learning_rate=2.5e-4, entropy_cost=0.01, discounting=0.99, grad_clip_norm=0.5, ppo_clip=0.2,
+                ppo_epochs=4, ppo_minibatches=4),
+    # The gym settings on the ResNet model at MinAtar's 10 x 10 (no downsampling).
+    "muzero": dict(gym_defaults["muzero"], network="minatar", latent_channels=32, lstm_size=128),
 }
 
 

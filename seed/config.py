@@ -1,7 +1,9 @@
 """Configuration: one dataclass per role, turned into absl flags by the role's main.
 
-Resolution order for the learner (lowest to highest): the dataclass defaults, the agent's defaults for the
-env family (e.g. paper Table 8 for R2D2 on Atari), then flags the user typed. `--print_config` prints the
+Resolution order for the learner (lowest to highest): the dataclass defaults, the agent's own defaults, the env
+family's defaults for the agent (e.g. paper Table 8 for R2D2 on Atari, envs/atari_config.py), the preset, then
+flags the user typed (seed/learner/configuration.py). Each env family's own flags are its `Options` dataclass
+(envs/<family>.py), composed into the roles' classes by `with_env_options`. `--print_config` prints the
 result as JSON. Flags are defined only by `define_flags`, called from a main, never at import time.
 """
 
@@ -13,6 +15,8 @@ import os
 from typing import Any, ClassVar
 
 from absl import flags
+
+from seed import envs
 
 
 def option(default: Any, help: str) -> Any:  # noqa: A002 - mirrors absl's naming
@@ -40,22 +44,15 @@ class EnvOptions:
                                 "and every actor need the same value; it must divide --envs_per_actor.")
     seed: int = _field(0, "Base random seed; env i is seeded with seed + env id.")
     action_repeat: int = _field(0, "Env frames per agent step; 0 = the env family's default (Atari 4, others 1).")
-    sticky_actions: bool = _field(False, "Atari: repeat the previous action with probability 0.25.")
-    atari_minimal_action_set: bool = _field(False, "Atari: use the game's minimal action set instead of all 18.")
-    atari_max_frames: int = _field(108_000, "Atari: episode cap in raw frames, reported as truncation.")
-    atari_vector_env: bool = _field(False, "Atari: step an actor's envs with ale-py's threaded vector env.")
-    atari_frame_size: int = _field(84, "Atari: observations are N x N grayscale frames (Table 9: 84; EfficientZero's "
-                                       "Atari 100k: 96).")
-    fake_episode_length: int = _field(100, "fake: agent steps per episode.")
-    smm_size: str = _field("default", "Football: super mini map size, default|medium|large.")
-    football_rewards: str = _field("scoring", "Football: scoring or scoring,checkpoints.")
-    minatar_sticky_actions: float = _field(0.1, "MinAtar: probability of repeating the previous action (its 0.1).")
-    minatar_difficulty_ramping: bool = _field(True, "MinAtar: the games speed up over an episode (its default).")
-    minatar_minimal_action_set: bool = _field(False, "MinAtar: the game's own actions instead of all 6.")
+    # Each env family's own flags (atari_*, minatar_*, smm_size, ...) are its `Options` (envs/<family>.py), added
+    # by `env_options_class`, `actor_config_class` and `learner_config_class`.
+    env_option_classes: ClassVar[tuple[type, ...]] = ()  # the families' Options a composed class holds
 
     def env_options(self) -> dict[str, Any]:
-        """The options dict env families receive (everything but preset, env, envs_per_actor and env_groups)."""
-        options = {f.name: getattr(self, f.name) for f in dataclasses.fields(EnvOptions)}  # never role/secret flags
+        """The options dict env families receive (everything but preset, env, envs_per_actor and env_groups): the
+        shared env flags and every family's own."""
+        classes = (EnvOptions, *type(self).env_option_classes)  # never role/secret flags
+        options = {f.name: getattr(self, f.name) for c in classes for f in dataclasses.fields(c)}
         for key in ("preset", "env", "envs_per_actor", "env_groups"):
             options.pop(key)
         return {key: value for key, value in options.items() if not (key == "action_repeat" and value == 0)}
@@ -248,8 +245,6 @@ class LearnerConfig(EnvOptions, TransportOptions):
     num_eval_envs: int = _field(0, "The last N env ids only evaluate: never trained on, they play the evaluation "
                                    "policy (V-trace: sampled, or greedy with --eval_greedy; R2D2: eps = "
                                    "eval_epsilon) and feed eval/return_running_mean_100.")
-    atari_scores_file: str = _field("", "CSV game,human,random adding reference scores for human-normalised "
-                                        "Atari scores (the shipped table lacks random scores for some games).")
     # Misc.
     print_config: bool = _field(False, "Print the resolved configuration as JSON and exit.")
 
@@ -264,18 +259,52 @@ class LearnerConfig(EnvOptions, TransportOptions):
         return self.num_actors * max(1, self.env_groups)
 
 
-def learner_config_class(agent_class: Any) -> type:
-    """The resolved configuration's class for an agent: LearnerConfig's framework fields plus the agent's own
-    (`agent_class.config_class`), one flat dataclass, so --print_config shows this agent's fields and no other's.
-    Cached: one class per agent class."""
-    cached = _LEARNER_CONFIG_CLASSES.get(agent_class)
+def with_env_options(config_class: type, name: str = "") -> type:
+    """`config_class` (EnvOptions, ActorConfig or a learner configuration) plus every registered env family's own
+    flags (`seed.envs.option_classes`: the families' `Options`), one flat dataclass: the flags and --print_config
+    show a family's fields beside the framework's. Cached per class and families."""
+    options = tuple(envs.option_classes().values())
+    key = (config_class, options)
+    cached = _COMPOSED_CLASSES.get(key)
     if cached is None:
-        name = agent_class.config_class.__name__.replace("Config", "") + "LearnerConfig"
-        cached = dataclasses.make_dataclass(name, [], bases=(agent_class.config_class, LearnerConfig))
-        cached.agent_class = agent_class
+        taken = {f.name for f in dataclasses.fields(config_class)}
+        for option_class in options:
+            clash = taken & {f.name for f in dataclasses.fields(option_class)}
+            if clash:
+                raise ValueError(f"{option_class.__module__}.{option_class.__qualname__}: flags {sorted(clash)} are "
+                                 f"{config_class.__name__}'s already; expected an env family's flags of its own")
+        cached = dataclasses.make_dataclass(name or config_class.__name__, [], bases=(config_class, *options))
+        cached.env_option_classes = options
         cached.__module__ = __name__
-        _LEARNER_CONFIG_CLASSES[agent_class] = cached
+        _COMPOSED_CLASSES[key] = cached
     return cached
+
+
+_COMPOSED_CLASSES: dict[tuple, type] = {}
+
+
+def env_options_class() -> type:
+    """EnvOptions with every env family's flags: what seed-bench's env-only tools define as flags."""
+    return with_env_options(EnvOptions)
+
+
+def actor_config_class() -> type:
+    """ActorConfig with every env family's flags: `seed-actor`'s configuration."""
+    return with_env_options(ActorConfig)
+
+
+def learner_config_class(agent_class: Any) -> type:
+    """The resolved configuration's class for an agent: LearnerConfig's framework fields, the agent's own
+    (`agent_class.config_class`) and every env family's flags, one flat dataclass, so --print_config shows this
+    agent's fields and no other agent's. Cached: one class per agent class (and registered families)."""
+    base = _LEARNER_CONFIG_CLASSES.get(agent_class)
+    if base is None:
+        name = agent_class.config_class.__name__.replace("Config", "") + "LearnerConfig"
+        base = dataclasses.make_dataclass(name, [], bases=(agent_class.config_class, LearnerConfig))
+        base.agent_class = agent_class
+        base.__module__ = __name__
+        _LEARNER_CONFIG_CLASSES[agent_class] = base
+    return with_env_options(base)
 
 
 _LEARNER_CONFIG_CLASSES: dict[Any, type] = {}

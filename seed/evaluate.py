@@ -298,8 +298,8 @@ def env_renderer(env_batch: Any) -> Callable[[], np.ndarray]:
     envs = getattr(env_batch, "envs", None)
     render = getattr(envs[0], "render_rgb", None) if envs else None
     if render is None:
-        raise UserError(f"--video: env {env_batch.spec.name} cannot render RGB frames, expected an atari:, gym: or "
-                        f"football: env")
+        raise UserError(f"--video: env {env_batch.spec.name} cannot render RGB frames, expected an env whose family's "
+                        "envs have render_rgb() (envs/__init__.py)")
     return render
 
 
@@ -325,19 +325,20 @@ def summarize(episodes: list[Episode]) -> dict[str, Any]:
     }
 
 
-def human_normalized(env: str, returns: list[float], scores_file: str) -> dict[str, Any] | None:
-    """Mean and median human-normalised score of Atari returns; None for other envs or without reference
-    scores (printed)."""
-    if not env.startswith("atari:"):
-        return None
-    from seed.envs.atari_scores import normalize, reference_scores
+def human_normalized(env: str, returns: list[float], settings: dict[str, Any]) -> dict[str, Any] | None:
+    """Mean and median human-normalised score, (return - random) / (human - random), of the returns; None for a
+    family without reference scores or an env without them (printed). `settings`: the checkpoint's configuration."""
+    from seed import envs
 
     try:
-        human, random = reference_scores(env, scores_file or None)
-    except (ValueError, FileNotFoundError) as error:
+        reference = envs.reference_scores(env, settings)
+    except (ValueError, KeyError, OSError) as error:
         print(f"seed-eval: no human-normalised score: {error}", file=sys.stderr)
         return None
-    scores = np.asarray(normalize(np.asarray(returns), human, random))
+    if reference is None:
+        return None
+    human, random = reference
+    scores = (np.asarray(returns, np.float64) - random) / (human - random)
     return {"mean": float(scores.mean()), "median": float(np.median(scores)), "human": human, "random": random,
             "scores": scores.tolist()}
 
@@ -353,7 +354,7 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
     import torch
 
     from seed.contracts.agent import check_action_space
-    from seed.envs import make_batch, make_spec
+    from seed.envs import evaluation_options, make_batch, make_spec
 
     if options.episodes < 1:
         raise UserError(f"--episodes: got {options.episodes}, expected >= 1")
@@ -375,7 +376,8 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
         check_video(options.video, options.video_fps)
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
-    env_options = {**config.env_options(), "seed": seed, "atari_vector_env": False, "render_rgb": bool(options.video)}
+    env_options = {**config.env_options(), **evaluation_options(config.env), "seed": seed,
+                   "render_rgb": bool(options.video)}
     spec = make_spec(config.env, config.env_options())
     try:
         check_action_space(type(config).agent_class, spec, config.agent)
@@ -412,7 +414,7 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
         "wall_time_s": round(wall_time_s, 3),
         "video": None,
     }
-    report["human_normalized"] = human_normalized(config.env, report["returns"], config.atari_scores_file)
+    report["human_normalized"] = human_normalized(config.env, report["returns"], dataclasses.asdict(config))
     if video is not None:
         first = next(e for e in episodes if e.env_index == 0)
         report["video"] = {"path": os.path.abspath(options.video), "frames": video.frames,

@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from seed.actor.main import SUPERSEDED_EXIT_CODE
-from seed.config import ActorConfig
+from seed.config import actor_config_class
 from seed.learner.configuration import learner_fields as all_learner_fields
 from seed.transport import CHANNEL_OPTIONS
 
@@ -117,7 +117,7 @@ def main(argv: list[str]) -> int:
     os.makedirs(config.logdir, exist_ok=True)
 
     learner_cmd = [sys.executable, "-m", "seed.learner.main"] + [f"--{k}={v}" for k, v in flags.items()]
-    actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
+    actor_fields = {f.name for f in dataclasses.fields(actor_config_class())}
     address = actor_address(config.server_address)
     actor_flags = [f"--{k}={v}" for k, v in flags.items() if k in actor_fields and k != "server_address"]
 

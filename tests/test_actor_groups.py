@@ -20,7 +20,7 @@ from seed.actor.loop import Actor
 from seed.actor.main import SUPERSEDED_EXIT_CODE
 from seed.bench import measure
 from seed.bench.transport_ceiling import ZeroActionService
-from seed.config import ActorConfig, LearnerConfig
+from seed.config import ActorConfig, LearnerConfig, actor_config_class
 from seed.envs import make_batch, make_spec
 from tests.conftest import REPO, read_metrics, wait_for
 from tests.test_end_to_end import _actor_args, _learner_args
@@ -72,7 +72,8 @@ def test_grouped_envs_are_the_actors_envs_with_their_env_ids_and_seeds():
     finally:
         grouped.close()
         whole.close()
-    fake = make_env_groups(ActorConfig(env="fake:vector", envs_per_actor=6, env_groups=3, fake_episode_length=2))
+    fake = make_env_groups(actor_config_class()(env="fake:vector", envs_per_actor=6, env_groups=3,
+                                                fake_episode_length=2))
     fake.reset()
     fake.step(np.zeros(6, np.int64))
     assert sorted(e.env_index for e in fake.step(np.zeros(6, np.int64)).finished) == list(range(6))

@@ -100,8 +100,8 @@ def test_every_contract_is_defined_once_where_it_belongs():
 # The layers, lowest first: a module imports its own room, and rooms of a lower layer only. Rooms that share a layer
 # do not import each other (the learner wires inference to experience; nothing wires the learner to an actor).
 LAYERS: list[tuple[str, ...]] = [
-    ("seed.runtime", "seed.config"),  # plumbing (threads, host memory, checkpoint files, graph lock); the flags
-    ("seed.envs",),  # env families: env code, the configuration (and the generated stubs, not a module here)
+    ("seed.runtime", "seed.envs"),  # plumbing (threads, host memory, checkpoint files, graph lock); env families
+    ("seed.config",),  # the flags: the framework's, composed with each env family's own (the generated stubs beside)
     ("seed.contracts",),  # the records and the Agent contract (EnvSpec for their type hints)
     ("seed.agents", "seed.presets"),  # plug-ins; named flag values
     ("seed.transport",),
@@ -170,7 +170,7 @@ def test_the_rule_catches_an_upward_and_a_sideways_import(tmp_path):
         with open(modules[name], "w") as f:
             f.write(source)
     assert _upward(modules) == [
-        "seed.contracts.bad (seed.contracts, layer 2) imports seed.config (seed.config, layer 0)",
+        "seed.contracts.bad (seed.contracts, layer 2) imports seed.config (seed.config, layer 1)",
         "seed.experience.bad (seed.experience, layer 6) imports seed.inference.central (seed.inference, layer 6)",
         "seed.runtime.bad (seed.runtime, layer 0) imports seed.learner.builder (seed.learner, layer 8)",
     ]

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 
-from seed.config import ActorConfig, EnvOptions
+from seed.config import actor_config_class, env_options_class
 from seed.learner.configuration import learner_fields
 from tests.conftest import REPO
 
@@ -33,8 +33,8 @@ OVERLAYS = {
 MIN_K8S_VERSION = "1.27.0"
 LEARNER, ACTOR, TENSORBOARD = "seed-learner", "seed-actor", "seed-tensorboard"
 LEARNER_FIELDS = set(learner_fields())  # the framework's flags and every agent's
-ACTOR_FIELDS = {f.name for f in dataclasses.fields(ActorConfig)}
-ENV_FIELDS = {f.name for f in dataclasses.fields(EnvOptions)}
+ACTOR_FIELDS = {f.name for f in dataclasses.fields(actor_config_class())}
+ENV_FIELDS = {f.name for f in dataclasses.fields(env_options_class())}  # with every env family's
 FLAG = re.compile(r"(?<![\w-])--([A-Za-z_]\w*)(?:=(\S*))?")
 
 
@@ -349,10 +349,11 @@ def test_stale_flags_are_detected():
 _PARSE_ACTOR = """
 import dataclasses, json, sys
 from absl import flags
-from seed.config import ActorConfig, build_config, define_flags, explicit_flags
-define_flags(ActorConfig)
+from seed.config import actor_config_class, build_config, define_flags, explicit_flags
+config_class = actor_config_class()
+define_flags(config_class)
 flags.FLAGS(sys.argv)
-print(json.dumps(dataclasses.asdict(build_config(ActorConfig, explicit_flags(ActorConfig, flags.FLAGS)))))
+print(json.dumps(dataclasses.asdict(build_config(config_class, explicit_flags(config_class, flags.FLAGS)))))
 """
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from seed.agents.r2d2.agent import ATARI_TABLE_8
 from seed.agents.r2d2.agent import R2D2Agent as Agent
 from seed.contracts.training import Unroll
+from seed.envs.atari_config import AGENT_DEFAULTS as ATARI_DEFAULTS
 from seed.learner.configuration import resolve_config
 from seed.learner.learner import Learner
 from tests.conftest import serve_steps
@@ -133,7 +133,7 @@ def test_atari_defaults_are_paper_table_8():
     out = subprocess.run([sys.executable, "-m", "seed.learner.main", "--agent=r2d2", "--env=atari:Pong",
                           "--print_config"], capture_output=True, text=True, check=True)
     printed = json.loads(out.stdout)
-    for key, value in ATARI_TABLE_8.items():
+    for key, value in ATARI_DEFAULTS["r2d2"].items():  # SEED paper Table 8, owned by the atari family
         assert printed[key] == value, key
     assert printed["burn_in"] + printed["unroll_length"] == 120  # sequence of 120 incl. 40 burn-in (+ bootstrap)
     assert printed["replay_expected_bytes"] == printed["replay_bytes_per_sequence"] * 100_000

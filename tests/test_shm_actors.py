@@ -17,7 +17,7 @@ import pytest
 
 from seed._proto import seed_pb2
 from seed.actor.loop import Actor
-from seed.config import ActorConfig
+from seed.config import actor_config_class
 from seed.transport import notify
 from seed.transport.shm import protocol as shm_protocol
 from seed.transport.shm.link import ShmLink, ShmRejected, ShmSuperseded, ShmUnavailable
@@ -29,7 +29,7 @@ K = 4
 
 def _handshake(index: int, run_id: int, **overrides) -> seed_pb2.Handshake:
     """The handshake seed-actor would send for the learner of `_learner_args` (fake:vector, 4 envs)."""
-    config = ActorConfig(env="fake:vector", envs_per_actor=K, actor_index=index, fake_episode_length=20)
+    config = actor_config_class()(env="fake:vector", envs_per_actor=K, actor_index=index, fake_episode_length=20)
     actor = Actor(config)
     try:
         handshake = actor._handshake(run_id)

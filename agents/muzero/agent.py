@@ -47,35 +47,6 @@ from seed.contracts.storage import torch_dtype
 from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
 
-# EfficientZero's Atari 100k configuration (efficientzero_facts.md, SpeedyZero Table 6) where this framework has
-# the setting. Not EfficientZero's: Adam instead of SGD 0.2 (the framework's optimizer), grayscale 84 x 84 frames
-# (the env family's), sequences of 10 positions in the replay instead of single positions.
-ATARI_EFFICIENTZERO = dict(
-    network="resnet", latent_channels=64, lstm_size=512, value_support_size=300, reward_support_size=300,
-    num_simulations=50, search="puct", unroll_steps=5, td_steps=5, burn_in=9, unroll_length=10,
-    value_prefix_horizon=5, discounting=0.997, batch_size=26, learning_rate=1e-3, grad_clip_norm=10.0,
-    priority_exponent=0.6, importance_sampling_exponent=0.4, target_update_interval=200, td_age_updates=30_000,
-    policy_cost=1.0, value_cost=0.25, reward_cost=1.0, consistency_cost=2.0, dirichlet_alpha=0.3,
-    exploration_fraction=0.25, max_abs_reward=1.0, replay_capacity=10_000, replay_min_size=200, replay_ratio=4.0,
-    inference_batch_size=-1,
-)
-
-
-def default_config(env_family: str) -> dict[str, Any]:
-    """Per-env-family defaults: EfficientZero's on Atari; small and fast settings that learn CartPole."""
-    if env_family == "atari":
-        return dict(ATARI_EFFICIENTZERO)
-    if env_family in ("gym", "fake"):
-        return dict(network="auto", mlp_sizes="64", latent_size=64, lstm_size=64, value_support_size=20,
-                    reward_support_size=5, num_simulations=25, unroll_steps=5, td_steps=5, burn_in=9,
-                    unroll_length=10, value_prefix_horizon=5, discounting=0.99, batch_size=16, learning_rate=1e-3,
-                    grad_clip_norm=10.0, priority_exponent=0.6, importance_sampling_exponent=0.4,
-                    replay_capacity=5_000, replay_min_size=20, replay_ratio=8.0, target_update_interval=100,
-                    td_age_updates=0, visit_temperature=1.0, total_environment_frames=1e6, log_interval_s=5.0)
-    if env_family == "minatar":  # the gym settings on the ResNet model at MinAtar's 10 x 10 (no downsampling)
-        return dict(default_config("gym"), network="minatar", latent_channels=32, lstm_size=128)
-    return {}
-
 
 def make_network(spec: EnvSpec, config: LearnerConfig) -> MuZeroNetwork:
     """The MLP variant for vector observations, the ResNet variant for image frames (`--network=auto`);
@@ -133,10 +104,6 @@ class MuZeroAgent(contract.Agent):
 
     config_class = MuZeroConfig
     uses_replay = True
-
-    @classmethod
-    def default_config(cls, env_family: str) -> dict[str, Any]:
-        return default_config(env_family)
 
     @classmethod
     def check_config(cls, config: Any) -> None:

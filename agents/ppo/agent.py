@@ -35,32 +35,6 @@ SAMPLE_STEP = "sample_step"  # --deterministic: int64 per-env step counter keyin
 START_VALUE = "start_value"  # --ppo_value_clip: V(x_t) at the update's start, [T + 1, B]
 PROXIMAL_LOG_PROB = "proximal_log_prob"  # --ppo_decoupled: log pi_prox(a_t|x_t) at the update's start, [T + 1, B]
 
-def default_config(env_family: str) -> dict[str, Any]:
-    """Per-env-family defaults (over LearnerConfig's). Every family trains synchronously (`--sync=hts`).
-
-    gym: rl-baselines3-zoo's CartPole PPO (8 envs x 32 steps per update, 20 epochs of one minibatch, lr 1e-3,
-    gamma 0.98, lambda 0.8, no entropy bonus): a mean return of 400 in under a minute on 2 cores. football:
-    HTS-RL's (rollouts of 128, 2 epochs x 8 minibatches, lr 3.43e-4).
-    """
-    common = dict(sync="hts", sync_every=128, use_lstm=False, lambda_=0.95, baseline_cost=0.5)
-    if env_family == "gym":
-        return dict(common, network="mlp", sync_every=32, learning_rate=1e-3, entropy_cost=0.0, discounting=0.98,
-                    lambda_=0.8, ppo_epochs=20, ppo_minibatches=1, grad_clip_norm=0.5,
-                    total_environment_frames=2e6, log_interval_s=5.0)
-    if env_family == "atari":
-        return dict(common, network="nature", learning_rate=2.5e-4, entropy_cost=0.01, discounting=0.99,
-                    max_abs_reward=1.0, grad_clip_norm=0.5, ppo_clip=0.1, ppo_epochs=4, ppo_minibatches=4)
-    if env_family == "football":
-        return dict(common, network="football_small", learning_rate=3.43e-4, entropy_cost=0.01, discounting=0.993,
-                    grad_clip_norm=0.5, ppo_epochs=2, ppo_minibatches=8)
-    if env_family == "minatar":  # the Atari recipe (CleanRL's) on the MinAtar paper's network, rewards unclipped
-        return dict(common, network="minatar", learning_rate=2.5e-4, entropy_cost=0.01, discounting=0.99,
-                    grad_clip_norm=0.5, ppo_clip=0.2, ppo_epochs=4, ppo_minibatches=4)
-    if env_family == "fake":
-        return dict(common, sync_every=20)
-    return {}
-
-
 def _minibatch_limit(config: Any) -> tuple[int, str]:
     """(the most minibatches a rollout splits into, that limit as the refusal states it): B env columns, or with
     --ppo_shuffle_steps its B x T single steps."""
@@ -76,10 +50,6 @@ class PPOAgent(contract.Agent):
     config_class = PPOConfig
     supports_sync = True  # the learner may hold actors at rollout boundaries (--sync=hts)
     action_spaces = ("discrete", "box")
-
-    @classmethod
-    def default_config(cls, env_family: str) -> dict[str, Any]:
-        return default_config(env_family)
 
     @classmethod
     def derive_config(cls, config: Any, explicit: dict[str, Any]) -> None:

@@ -28,35 +28,6 @@ from seed.contracts import agent as contract
 from seed.contracts.training import LossOutput, TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
 
-# Paper Table 8 (SEED R2D2 on Atari-57), plus the network of appendix A.3.1.
-ATARI_TABLE_8 = dict(
-    network="nature", use_lstm=True, lstm_size=512, replay_ratio=0.75, unroll_length=80, burn_in=40,
-    replay_capacity=100_000, replay_min_size=5000, priority_exponent=0.9, importance_sampling_exponent=0.6,
-    discounting=0.997, batch_size=64, inference_batch_size=64, learning_rate=1e-4, adam_epsilon=1e-3,
-    target_update_interval=2500, value_rescaling_epsilon=1e-3, grad_clip_norm=80.0, n_steps=5,
-    epsilon_base=0.4, epsilon_alpha=7.0, eval_epsilon=1e-3, priority_eta=0.9,
-)
-
-
-def default_config(env_family: str) -> dict[str, Any]:
-    """Per-env-family defaults: paper Table 8 on Atari; small and fast settings that learn CartPole."""
-    if env_family == "atari":
-        return dict(ATARI_TABLE_8)
-    if env_family in ("gym", "fake"):
-        return dict(network="mlp", mlp_sizes="64", use_lstm=True, lstm_size=64, unroll_length=20, burn_in=5,
-                    batch_size=32, learning_rate=1e-3, adam_epsilon=1e-3, discounting=0.99, n_steps=3,
-                    replay_capacity=4000, replay_min_size=100, replay_ratio=4.0, target_update_interval=100,
-                    grad_clip_norm=40.0, total_environment_frames=1e6, log_interval_s=5.0)
-    if env_family == "minatar":  # the MinAtar paper's network (its DQN's lr 2.5e-4, gamma 0.99) with a small LSTM
-        return dict(network="minatar", use_lstm=True, lstm_size=128, unroll_length=20, burn_in=5, batch_size=32,
-                    learning_rate=2.5e-4, adam_epsilon=1e-5, discounting=0.99, n_steps=3, replay_capacity=10_000,
-                    replay_min_size=200, replay_ratio=2.0, target_update_interval=250, grad_clip_norm=40.0)
-    if env_family == "football":
-        return dict(network="football", use_lstm=True, lstm_size=256, unroll_length=32, burn_in=8,
-                    replay_capacity=20_000, replay_min_size=500, discounting=0.997, learning_rate=1e-4,
-                    adam_epsilon=1e-3, grad_clip_norm=80.0)
-    return {}
-
 
 class DuelingQNetwork(nn.Module):
     """AgentBody (raw reward and one-hot previous action into the LSTM) + dueling heads of 512 hidden units.
@@ -97,10 +68,6 @@ class R2D2Agent(contract.Agent):
 
     config_class = R2D2Config
     uses_replay = True
-
-    @classmethod
-    def default_config(cls, env_family: str) -> dict[str, Any]:
-        return default_config(env_family)
 
     @classmethod
     def check_config(cls, config: Any) -> None:

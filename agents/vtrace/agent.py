@@ -34,31 +34,6 @@ from seed.contracts.training import LossOutput, TrainingBatch
 from seed.envs.base import EnvSpec
 
 
-def default_config(env_family: str) -> dict[str, Any]:
-    """Per-env-family defaults (over LearnerConfig's).
-
-    gym: small and fast, learns CartPole in minutes on 2 cores. atari: the original SEED never shipped Atari
-    V-trace; these follow the IMPALA paper's Atari settings (unroll 20, discount 0.99, entropy 0.01, rewards
-    clipped to [-1, 1], gradient norm clip 40) with Adam as in SEED. football: SEED's tuned "scoring" run.
-    """
-    if env_family == "gym":
-        return dict(network="mlp", use_lstm=False, unroll_length=20, batch_size=16, learning_rate=1e-3,
-                    entropy_cost=0.01, discounting=0.99, total_environment_frames=2e6, log_interval_s=5.0)
-    if env_family == "atari":
-        return dict(network="impala_deep", use_lstm=True, lstm_size=256, unroll_length=20, batch_size=32,
-                    learning_rate=4.8e-4, entropy_cost=0.01, discounting=0.99, max_abs_reward=1.0,
-                    grad_clip_norm=40.0)
-    if env_family == "football":
-        return dict(network="football", use_lstm=False, unroll_length=32, batch_size=32, inference_batch_size=64,
-                    learning_rate=5.53e-5, entropy_cost=3.19e-5, discounting=0.997, lambda_=0.9)
-    if env_family == "minatar":  # the MinAtar paper's network (no LSTM, as its actor-critic); gym's batch sizes
-        return dict(network="minatar", use_lstm=False, unroll_length=20, batch_size=16, learning_rate=6e-4,
-                    entropy_cost=0.01, discounting=0.99, grad_clip_norm=40.0)
-    if env_family == "fake":
-        return dict(unroll_length=20, batch_size=16, use_lstm=False)
-    return {}
-
-
 def _sample(logits: torch.Tensor) -> torch.Tensor:
     """Actions [B] sampled from softmax(logits [B, A]) by the Gumbel-max trick: argmax(logits - log E),
     E ~ Exp(1). Unlike torch.multinomial it never synchronises with the host, so it can be captured in a CUDA
@@ -137,10 +112,6 @@ class VTraceAgent(contract.Agent):
 
     config_class = VTraceConfig
     action_spaces = ("discrete", "box")
-
-    @classmethod
-    def default_config(cls, env_family: str) -> dict[str, Any]:
-        return default_config(env_family)
 
     @classmethod
     def check_config(cls, config: Any) -> None:

@@ -13,7 +13,7 @@ import sys
 
 from absl import app, flags
 
-from seed.config import ActorConfig, build_config, define_flags, explicit_flags
+from seed.config import actor_config_class, build_config, define_flags, explicit_flags
 from seed.presets import fields_of, preset
 
 SUPERSEDED_EXIT_CODE = 3  # a newer actor run took over this actor's index (2: the learner rejected the actor)
@@ -22,14 +22,15 @@ SUPERSEDED_EXIT_CODE = 3  # a newer actor run took over this actor's index (2: t
 def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-    explicit = explicit_flags(ActorConfig, flags.FLAGS)
+    config_class = actor_config_class()  # the actor's flags and every env family's
+    explicit = explicit_flags(config_class, flags.FLAGS)
     try:  # the preset's env flags (e.g. the action set) must match the learner's
-        actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
+        actor_fields = {f.name for f in dataclasses.fields(config_class)}
         preset_values = fields_of(preset(explicit.get("preset", "")), actor_fields)
     except ValueError as error:
         print(f"seed-actor: {error}", file=sys.stderr)
         sys.exit(2)
-    config = build_config(ActorConfig, preset_values, explicit)
+    config = build_config(config_class, preset_values, explicit)
     if config.actor_index < 0:
         print(f"seed-actor: --actor_index: got {config.actor_index}, expected >= 0", file=sys.stderr)
         sys.exit(2)
@@ -67,7 +68,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    define_flags(ActorConfig)
+    define_flags(actor_config_class())
     app.run(main)
 
 

@@ -21,7 +21,6 @@ Only the V-trace agent is supported (its `act` samples from the policy it trains
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -38,7 +37,7 @@ from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from seed.actor.stats import ActorStats
-from seed.config import EnvOptions, LearnerConfig, explicit_flags
+from seed.config import LearnerConfig, explicit_flags
 from seed.contracts import InferenceBatch
 from seed.contracts.training import Unroll
 from seed.envs import make_batch, make_spec
@@ -115,7 +114,7 @@ def _loss(agent: Any, unrolls: Unroll) -> torch.Tensor:
 
 
 def env_options(config: LearnerConfig) -> dict[str, Any]:
-    return EnvOptions(**{f.name: getattr(config, f.name) for f in dataclasses.fields(EnvOptions)}).env_options()
+    return config.env_options()
 
 
 def dial_address(server_address: str) -> str:

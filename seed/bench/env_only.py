@@ -22,7 +22,7 @@ from absl import app, flags
 
 from seed.actor.stats import ActorStats
 from seed.bench.env_speed import step_randomly
-from seed.config import EnvOptions, build_config, define_flags, explicit_flags
+from seed.config import build_config, define_flags, env_options_class, explicit_flags
 
 
 def main(argv: list[str]) -> None:
@@ -31,7 +31,7 @@ def main(argv: list[str]) -> None:
     from seed.envs import make_batch
 
     FLAGS = flags.FLAGS
-    options = build_config(EnvOptions, explicit_flags(EnvOptions, FLAGS))
+    options = build_config(env_options_class(), explicit_flags(env_options_class(), FLAGS))
     if FLAGS.actor_index < 0:
         raise app.UsageError(f"--actor_index: got {FLAGS.actor_index}, expected >= 0")
     k = options.envs_per_actor
@@ -51,7 +51,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    define_flags(EnvOptions)  # the actors' env flags: the same envs as the framework's actors
+    define_flags(env_options_class())  # the actors' env flags: the same envs as the framework's actors
     flags.DEFINE_integer("actor_index", 0, "This process's actor index: env ids [index*K, (index+1)*K).")
     flags.DEFINE_string("stats_file", "", "JSON Lines stats file (seed/actor/stats.py).")
     flags.DEFINE_float("stats_interval_s", 1.0, "Seconds between stats rows.")

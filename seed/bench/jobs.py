@@ -19,7 +19,7 @@ from typing import Any
 
 from seed.bench.configs import BenchSetup
 from seed.bench.measure import BenchError, Job
-from seed.config import ActorConfig, EnvOptions, LearnerConfig
+from seed.config import LearnerConfig, actor_config_class, env_options_class
 
 
 def _flag_value(value: Any) -> str:
@@ -55,7 +55,7 @@ def _addresses(setup: BenchSetup, run_dir: str, name: str) -> tuple[str, str]:
 
 def env_values(config: LearnerConfig) -> dict[str, Any]:
     """Every env flag, resolved, so actors and servers build exactly the learner's env spec."""
-    return {f.name: getattr(config, f.name) for f in dataclasses.fields(EnvOptions)}
+    return {f.name: getattr(config, f.name) for f in dataclasses.fields(env_options_class())}
 
 
 def _learner_flags(setup: BenchSetup, logdir: str, listen: str, log_interval_s: float) -> dict[str, Any]:
@@ -77,7 +77,7 @@ def framework_job(setup: BenchSetup, run_dir: str, duration_s: float) -> Job:
     else:
         launcher = ["-m", "seed.learner.main"]
     server = [sys.executable, *launcher, *as_flags(_learner_flags(setup, logdir, listen, _stats_interval(duration_s)))]
-    actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
+    actor_fields = {f.name for f in dataclasses.fields(actor_config_class())}
     env_flags = {k: v for k, v in env_values(setup.config).items() if k in actor_fields}
     stats = [os.path.join(run_dir, f"actor{i}.stats.jsonl") for i in range(setup.config.num_actors)]
     actors = [[sys.executable, "-m", "seed.actor.main", f"--actor_index={i}", f"--server_address={dial}",
@@ -121,7 +121,7 @@ def env_only_job(setup: BenchSetup, run_dir: str, duration_s: float) -> Job:
     """The actors' envs alone: num_actors processes with the framework actors' env flags and indices, each
     stepping its K envs with random actions; no server, so nothing to dial."""
     run_dir = os.path.abspath(run_dir)
-    actor_fields = {f.name for f in dataclasses.fields(ActorConfig)}
+    actor_fields = {f.name for f in dataclasses.fields(actor_config_class())}
     env_flags = as_flags({k: v for k, v in env_values(setup.config).items() if k in actor_fields})
     stats = [os.path.join(run_dir, f"actor{i}.stats.jsonl") for i in range(setup.config.num_actors)]
     actors = [[sys.executable, "-m", "seed.bench.env_only", f"--actor_index={i}", f"--stats_file={stats[i]}",

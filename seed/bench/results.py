@@ -21,7 +21,7 @@ from seed.bench.configs import BenchSetup
 from seed.bench.jobs import JOBS, env_values
 from seed.bench.measure import measure
 from seed.bench.probes import GpuSampler
-from seed.config import EnvOptions, LearnerConfig
+from seed.config import LearnerConfig, env_options_class
 
 SCHEMA = "seed-bench/1"
 BASELINES = ("actor_side", "transport", "env_only")
@@ -103,7 +103,7 @@ def describe(setup: BenchSetup) -> dict[str, Any]:
     c = setup.config
     from seed.envs import make_spec
 
-    spec = make_spec(c.env, EnvOptions(**env_values(c)).env_options())
+    spec = make_spec(c.env, env_options_class()(**env_values(c)).env_options())
     network = c.network
     if network == "auto":
         network = "mlp" if len(spec.observation_shape) == 1 else "auto (agent image default)"

@@ -8,8 +8,8 @@ the framework's overhead as a ratio.
 
     python -m seed.bench.transport_ceiling --server_address=unix:/tmp/ceiling.sock --env=fake:vector --envs_per_actor=64
 
-It takes the actors' env flags (EnvOptions), so the handshake's spec check passes exactly as with the learner;
-with --env_groups=G each actor's G groups are G streams of K / G envs, as on the learner.
+It takes the actors' env flags (EnvOptions and every env family's), so the handshake's spec check passes exactly as
+with the learner; with --env_groups=G each actor's G groups are G streams of K / G envs, as on the learner.
 """
 
 from __future__ import annotations
@@ -24,11 +24,11 @@ from absl import app, flags
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from seed._proto import seed_pb2, seed_pb2_grpc
-from seed.config import EnvOptions, build_config, define_flags, explicit_flags
+from seed.config import build_config, define_flags, env_options_class, explicit_flags
 from seed.envs import make_spec
 from seed.envs.base import EnvSpec
-from seed.transport.grpc.service import read_handshake
 from seed.transport import wire
+from seed.transport.grpc.service import read_handshake
 
 GRPC_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                 ("grpc.so_reuseport", 0)]
@@ -83,7 +83,7 @@ def main(argv: list[str]) -> None:
     if len(argv) > 1:
         raise app.UsageError(f"unexpected arguments: {argv[1:]}")
     FLAGS = flags.FLAGS
-    env_options = build_config(EnvOptions, explicit_flags(EnvOptions, FLAGS))
+    env_options = build_config(env_options_class(), explicit_flags(env_options_class(), FLAGS))
     spec = make_spec(env_options.env, env_options.env_options())
     addresses = [a.strip() for a in FLAGS.server_address.split(",") if a.strip()]
     # With --env_groups every group of an actor is its own stream of envs_per_actor / env_groups envs.
@@ -101,7 +101,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
-    define_flags(EnvOptions)  # the same env flags as the actors: the handshake's spec check must pass
+    define_flags(env_options_class())  # the same env flags as the actors: the handshake's spec check must pass
     flags.DEFINE_string("server_address", "unix:/tmp/seed-ceiling.sock", "Comma-separated listen addresses.")
     flags.DEFINE_integer("num_actors", 4, "Expected actor processes (sizes the server's thread pool).")
     app.run(main)

@@ -8,7 +8,8 @@ by probing with hasattr.
 Class-level members (read before an agent exists, e.g. while the configuration resolves):
 
     config_class            the dataclass of the agent's own flags (agents/<name>/config.py)
-    default_config(family)  per-env-family values over the dataclass defaults
+    default_config(family)  the agent's own values over the dataclass defaults (SAC's CleanRL settings); the env
+                            family's table for the agent (envs/<family>.py: AGENT_DEFAULTS) goes over them
     check_config(config)    refusals of the resolved configuration (ValueError naming field, value, expected)
     derive_config(config, explicit)  values computed from others once flags are known (PPO's minibatches)
     describe_config(config) extra keys for --print_config (R2D2: the replay's expected memory)
@@ -149,8 +150,9 @@ class Agent(abc.ABC):
 
     @classmethod
     def default_config(cls, env_family: str) -> dict[str, Any]:
-        """Per-env-family values over the dataclass defaults (of the framework's fields or the agent's own).
-        Default: none."""
+        """The agent's own values over the dataclass defaults (of the framework's fields or the agent's own), for
+        any env family; the family's defaults for this agent (envs/<family>.py: AGENT_DEFAULTS, by agent name)
+        override them, a preset and the typed flags override both. Default: none."""
         return {}
 
     @classmethod

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from seed import envs
 from seed.config import LearnerConfig, burn_in_steps, torch_threads
 from seed.contracts.agent import check_action_space
 from seed.envs import make_spec
@@ -192,10 +193,10 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     ]
     supervision = LearnerSupervision(stop, serving, inference_threads, sink, experience, priority_refresher,
                                      training_process, channels.close)
-    # Football's shaped rewards differ from its score (goals): show both.
+    # A family whose shaped rewards differ from its score (Football's goals) shows both.
     config_values = {**dataclasses.asdict(config), "auth_token": REDACTED if config.auth_token else ""}
     writer = MetricsWriter.open(SinkSettings(config.logdir, config_values,
-                                             show_raw_return=spec.name.startswith("football:")))
+                                             show_raw_return=envs.shows_raw_return(spec.name)))
     writer.write_config(config_values)
     checkpointer = LearnerCheckpointer(config, metrics, experience)
     training_loop = TrainingLoop(config, agent, optimizer, experience, inferences, metrics, training_process,
@@ -205,7 +206,7 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
         stop_event=stop, agent=agent, optimizer=optimizer, metrics=metrics, episodes=episodes, experience=experience,
         sink=sink, training_process=training_process, channels=channels, inferences=inferences, batchers=batchers,
         priority_refresher=priority_refresher, serving=serving, inference_threads=inference_threads, writer=writer,
-        reference_scores=atari_reference_scores(spec, config.atari_scores_file),
+        reference_scores=family_reference_scores(spec, config),
         training_loop=training_loop, supervision=supervision)
 
 
@@ -237,16 +238,12 @@ def make_experience(config: LearnerConfig, agent: Any, training_device: torch.de
     return ReplayExperience(replay, agent.initial_priorities, episodes.is_eval_env, device, config.checkpoint_replay)
 
 
-def atari_reference_scores(spec: EnvSpec, scores_file: str) -> tuple[float, float] | None:
-    """(human, random) scores of the Atari game, for human-normalised scores in the metrics; None for other
-    envs or a game without scores (said on stdout)."""
-    if not spec.name.startswith("atari:"):
-        return None
-    from seed.envs.atari_scores import reference_scores
-
+def family_reference_scores(spec: EnvSpec, config: LearnerConfig) -> tuple[float, float] | None:
+    """(human, random) reference returns of the env, for human-normalised scores in the metrics; None for a family
+    without them or an env without scores (said on stdout)."""
     try:
-        return reference_scores(spec.name, scores_file or None)
-    except (ValueError, KeyError) as error:
+        return envs.reference_scores(spec.name, dataclasses.asdict(config))
+    except (ValueError, KeyError, OSError) as error:
         print(f"[learner] no human-normalised scores: {error}", flush=True)
         return None
 

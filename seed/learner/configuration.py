@@ -1,6 +1,7 @@
 """The learner's configuration: its flags (the framework's and every registered agent's) and their resolution,
 
-    dataclass defaults < the agent's defaults for the env family < the preset < the flags the user typed,
+    dataclass defaults < the agent's own defaults < the env family's defaults for the agent (envs/<family>.py:
+    AGENT_DEFAULTS) < the preset < the flags the user typed,
 
 then the derived values and the framework's and the agent's checks. `seed-learner` (seed/learner/main.py), seed-eval,
 the local launcher and seed-bench resolve a configuration here; importing it loads no torch, so `--help` and
@@ -12,15 +13,24 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
+from seed import envs
 from seed.agents import registry
-from seed.config import OPTIMIZERS, LearnerConfig, ReplayOptions, build_config, define_flags, learner_config_class
-from seed.envs import split_env_name
+from seed.config import (
+    OPTIMIZERS,
+    LearnerConfig,
+    ReplayOptions,
+    build_config,
+    define_flags,
+    learner_config_class,
+    with_env_options,
+)
 from seed.presets import preset
 
 
 def flag_owners() -> dict[str, list[str]]:
-    """Every learner flag's name -> the agents whose configuration has it ([] for the framework's own)."""
-    owners: dict[str, list[str]] = {f.name: [] for f in dataclasses.fields(LearnerConfig)}
+    """Every learner flag's name -> the agents whose configuration has it ([] for the framework's and the env
+    families' own)."""
+    owners: dict[str, list[str]] = {f.name: [] for f in dataclasses.fields(with_env_options(LearnerConfig))}
     for name in registry.names():
         for f in dataclasses.fields(registry.config_class(name)):
             owners.setdefault(f.name, []).append(name)
@@ -28,8 +38,9 @@ def flag_owners() -> dict[str, list[str]]:
 
 
 def learner_fields() -> dict[str, dataclasses.Field]:
-    """Every learner flag's field: the framework's and every registered agent's (each name once)."""
-    fields = {f.name: f for f in dataclasses.fields(LearnerConfig)}
+    """Every learner flag's field: the framework's, every env family's and every registered agent's (each name
+    once)."""
+    fields = {f.name: f for f in dataclasses.fields(with_env_options(LearnerConfig))}
     for name in registry.names():
         for f in dataclasses.fields(registry.config_class(name)):
             fields.setdefault(f.name, f)
@@ -37,8 +48,11 @@ def learner_fields() -> dict[str, dataclasses.Field]:
 
 
 def define_learner_flags() -> None:
-    """The framework's flags, then each agent's own, grouped in --helpfull under the agents that have them."""
+    """The framework's flags, each env family's (grouped in --helpfull under the family), then each agent's own,
+    grouped under the agents that have them."""
     define_flags(LearnerConfig)
+    for family, options in envs.option_classes().items():
+        define_flags(options, module_name=f"env family flags: {family}")
     owners = flag_owners()
     for group in sorted({tuple(agents) for agents in owners.values() if agents}):
         members = {field for field, agents in owners.items() if tuple(agents) == group}
@@ -47,7 +61,8 @@ def define_learner_flags() -> None:
 
 
 def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
-    """Dataclass defaults < the agent's defaults for the env family < the preset < flags the user typed; then
+    """Dataclass defaults < the agent's own defaults < the env family's for the agent < the preset < flags the user
+    typed; then
     derived values and the framework's and the agent's checks. The result holds the framework's fields and the
     chosen agent's only (`learner_config_class`); a flag of another agent is refused naming its agents."""
     preset_values = preset(explicit.get("preset", ""))
@@ -60,8 +75,9 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
     config_class = learner_config_class(agent)
     _refuse_other_agents_flags(config_class, agent_name, preset_values, explicit)
     base = build_config(config_class, preset_values, explicit)
-    family, name = split_env_name(base.env)
-    config = build_config(config_class, agent.default_config(family), preset_values, explicit)
+    family, name = envs.split_env_name(base.env)
+    config = build_config(config_class, agent.default_config(family), envs.agent_defaults(base.env, agent_name),
+                          preset_values, explicit)
     if not config.logdir:
         config.logdir = f"logs/{config.agent}-{family}-{name}"
     config.server_address = config.server_address.replace("{logdir}", config.logdir)

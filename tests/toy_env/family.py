@@ -1,0 +1,93 @@
+"""`--env=toy:lights`: a light among `TOY_ACTIONS` is on; pressing its button pays 1 (a hit), another pays nothing.
+
+- observation: float32 [TOY_ACTIONS], one-hot of the light that is on; a new light (uniform, from the env's own
+  generator seeded with seed + env id) after every step. Discrete(TOY_ACTIONS) actions, action repeat 1.
+- an episode lasts `--toy_episode_length` agent steps (this family's own flag) and ends as a truncation.
+- reward: 1 for a hit; the raw reward (the score) counts a hit as 10 points, so the family shows raw returns.
+- human-normalised scores: human = every step a hit, random = one hit in TOY_ACTIONS.
+- `render_rgb()`: a 16 x 16 x TOY_ACTIONS image strip with the light that is on drawn white.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from seed.envs.base import EnvSpec, SequentialEnvBatch, StepResult, flag
+
+TOY_ACTIONS = 4
+POINTS_PER_HIT = 10.0
+
+
+@dataclasses.dataclass
+class Options:
+    """The toy family's flags: the learner, the actors and seed-eval get them beside the framework's."""
+
+    toy_episode_length: int = flag(20, "toy: agent steps per episode.")
+
+
+# Its defaults per agent, over the agent's own and under a preset's and the typed flags.
+AGENT_DEFAULTS: dict[str, dict[str, Any]] = {
+    "vtrace": dict(network="mlp", mlp_sizes="32", use_lstm=False, unroll_length=10, batch_size=4,
+                   learning_rate=2e-3, entropy_cost=0.003),
+}
+SHOWS_RAW_RETURN = True
+EVALUATION_OPTIONS: dict[str, Any] = {"toy_evaluating": True}
+
+
+def reference_scores(name: str, settings: Mapping[str, Any]) -> tuple[float, float]:
+    """(human, random) returns in points: every step a hit, or one step in TOY_ACTIONS."""
+    length = int(settings.get("toy_episode_length", Options.toy_episode_length))
+    return POINTS_PER_HIT * length, POINTS_PER_HIT * length / TOY_ACTIONS
+
+
+def make_spec(name: str, options: dict[str, Any]) -> EnvSpec:
+    if name != "lights":
+        raise ValueError(f"--env=toy:{name}: unknown game {name!r}, expected lights")
+    return EnvSpec(name=f"toy:{name}", observation_shape=(TOY_ACTIONS,), observation_dtype="float32",
+                   num_actions=TOY_ACTIONS)
+
+
+class LightsEnv:
+    def __init__(self, spec: EnvSpec, seed: int, episode_length: int, evaluating: bool):
+        if episode_length < 1:
+            raise ValueError(f"toy_episode_length: got {episode_length}, expected >= 1")
+        self.spec = spec
+        self.episode_length = episode_length
+        self.evaluating = evaluating  # seed-eval's EVALUATION_OPTIONS reached the env
+        self._random = np.random.default_rng(seed)
+        self._light = 0
+        self._steps = 0
+
+    def _observation(self) -> np.ndarray:
+        self._light = int(self._random.integers(TOY_ACTIONS))
+        return np.eye(TOY_ACTIONS, dtype=np.float32)[self._light]
+
+    def reset(self) -> np.ndarray:
+        self._steps = 0
+        return self._observation()
+
+    def step(self, action: int) -> StepResult:
+        hit = float(int(action) == self._light)
+        self._steps += 1
+        return StepResult(self._observation(), reward=hit, terminated=False,
+                          truncated=self._steps >= self.episode_length, raw_reward=POINTS_PER_HIT * hit)
+
+    def render_rgb(self) -> np.ndarray:
+        frame = np.zeros((16, 16 * TOY_ACTIONS, 3), np.uint8)
+        frame[:, 16 * self._light:16 * (self._light + 1)] = 255
+        return frame
+
+    def close(self) -> None:
+        pass
+
+
+def make_batch(name: str, num_envs: int, first_env_id: int, options: dict[str, Any]) -> SequentialEnvBatch:
+    spec = make_spec(name, options)
+    seed = int(options.get("seed", 0))
+    length = int(options.get("toy_episode_length", Options.toy_episode_length))
+    evaluating = bool(options.get("toy_evaluating", False))
+    return SequentialEnvBatch([LightsEnv(spec, seed + first_env_id + i, length, evaluating) for i in range(num_envs)])
