@@ -25,10 +25,12 @@ def _trained(logdir, min_steps):
     return rows if rows and rows[-1]["train_steps"] >= min_steps and done else None
 
 
-def test_a_toy_env_family_trains_through_the_real_learner_and_actors(processes, tmp_path, monkeypatch):
+@pytest.mark.parametrize("transport", ["grpc", "shm"])
+def test_a_toy_env_family_trains_through_the_real_learner_and_actors(processes, tmp_path, monkeypatch, transport):
     """The learner (its training process a spawned child that must know the family's flag too) and two actors over
-    the unix socket, all on --env=toy:lights: the family's flag reaches the envs (episodes of EPISODE steps), its
-    defaults for V-trace reach the configuration, and its raw-return and reference-score hooks reach the metrics."""
+    the unix socket, through each transport's link (--transport), all on --env=toy:lights: the family's flag reaches
+    the envs (episodes of EPISODE steps), its defaults for V-trace reach the configuration, and its raw-return and
+    reference-score hooks reach the metrics."""
     for key, value in PLUGIN_ENV.items():
         monkeypatch.setenv(key, value)
     logdir = str(tmp_path / "run")
@@ -37,10 +39,13 @@ def test_a_toy_env_family_trains_through_the_real_learner_and_actors(processes, 
     learner = processes.learner([
         "--agent=vtrace", *env_flags, f"--logdir={logdir}", f"--server_address={address}", "--num_actors=2",
         "--log_interval_s=0.5", "--torch_threads=1", "--checkpoint_interval_s=3600", "--training_process"])
-    for i in range(2):
-        processes.actor([*env_flags, f"--server_address={address}", f"--actor_index={i}"], f"actor{i}")
+    actors = [processes.actor([*env_flags, f"--server_address={address}", f"--actor_index={i}",
+                               f"--transport={transport}"], f"actor{i}") for i in range(2)]
     rows = wait_for(lambda: _trained(logdir, 5), 120, "5 updates and finished episodes",
                     on_timeout=lambda: processes.output(learner))
+    for actor in actors:
+        output = processes.output(actor)
+        assert f"over {transport} " in output, output[-2000:]
     row = [row for row in rows if "episode_length_mean" in row][-1]
     assert row["episode_length_mean"] == EPISODE, row
     assert "episode_raw_return_mean" in row and "episode_human_normalized" in row, sorted(row)
