@@ -96,9 +96,6 @@ class UnrollQueue:
         for unroll in unrolls:
             _put_until_stopped(self._queue, unroll, self._stop)
 
-    def full(self) -> bool:
-        return self._queue.full()
-
     def get(self, timeout: float) -> Unroll | None:
         try:
             return self._queue.get(timeout=timeout)
