@@ -85,6 +85,45 @@ class Processes:
                 process.wait()
 
 
+@pytest.fixture(autouse=True)
+def registries_unchanged():
+    """A test that leaves an env family or an agent registered would change every configuration the later tests
+    resolve (a family's flags join every config class; spawned training processes, without SEED_RL_PLUGINS, refuse
+    them): such a test fails here, at its own name."""
+    from agents import registry
+    from seed import envs
+
+    before = (dict(envs.FAMILIES), dict(registry.AGENTS))
+    yield
+    after = (dict(envs.FAMILIES), dict(registry.AGENTS))
+    assert after == before, f"the test left the registries changed: families {sorted(after[0])} (before "\
+        f"{sorted(before[0])}), agents {sorted(after[1])} (before {sorted(before[1])})"
+
+
+@pytest.fixture
+def plugin_in_this_process():
+    """`load(module)` registers a plug-in module's agents or env families in the test session's process (importing
+    it, or re-running it when an earlier test imported it); both registries are restored after the test."""
+    import importlib
+
+    from agents import registry
+    from seed import envs
+
+    families, agents = dict(envs.FAMILIES), dict(registry.AGENTS)
+
+    def load(module: str) -> None:
+        if module in sys.modules:
+            importlib.reload(sys.modules[module])
+        else:
+            importlib.import_module(module)
+
+    yield load
+    envs.FAMILIES.clear()
+    envs.FAMILIES.update(families)
+    registry.AGENTS.clear()
+    registry.AGENTS.update(agents)
+
+
 @pytest.fixture
 def processes(tmp_path):
     procs = Processes(str(tmp_path))

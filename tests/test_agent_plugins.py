@@ -52,7 +52,7 @@ def test_a_toy_agent_in_one_folder_trains_through_the_real_learner(processes, tm
     assert state["counters"]["train_steps"] >= 5
 
 
-def test_seed_eval_plays_a_toy_agent_s_checkpoint(tmp_path, monkeypatch):
+def test_seed_eval_plays_a_toy_agent_s_checkpoint(tmp_path, monkeypatch, plugin_in_this_process):
     """seed-eval (its entry point, in a fresh interpreter with SEED_RL_PLUGINS) on a checkpoint of the toy agent,
     saved in the learner's layout: it finds the agent the checkpoint names through the plug-in, plays its episodes
     and reports them. Seen failing with plug-ins loaded only where the learner lists the agents (`registry.names`,
@@ -61,7 +61,7 @@ def test_seed_eval_plays_a_toy_agent_s_checkpoint(tmp_path, monkeypatch):
 
     import torch
 
-    import tests.toy_agent  # noqa: F401 - registers the toy agent in this process, to build its checkpoint
+    plugin_in_this_process("tests.toy_agent")  # registers the toy agent here, to build its checkpoint
     from seed.envs import make_spec
     from seed.learner.configuration import resolve_config
     from seed.runtime import checkpoint

@@ -58,16 +58,16 @@ def test_a_toy_env_family_trains_through_the_real_learner_and_actors(processes, 
     assert config["learning_rate"] == 2e-3 and config["batch_size"] == 4  # the family's V-trace defaults
 
 
-def test_seed_eval_plays_a_checkpoint_on_the_toy_env_family(tmp_path, monkeypatch):
+def test_seed_eval_plays_a_checkpoint_on_the_toy_env_family(tmp_path, monkeypatch, plugin_in_this_process):
     """seed-eval (its entry point, in a fresh interpreter with SEED_RL_PLUGINS) on a V-trace checkpoint trained on
     the toy family: it builds the family's envs with the checkpoint's flag and the family's evaluation options,
     reports the family's human-normalised score and records a video from its `render_rgb`."""
     import torch
 
-    import tests.toy_env  # noqa: F401 - registers the toy family in this process, to build its checkpoint
     from seed.envs import make_batch, make_spec
     from seed.learner.configuration import resolve_config
 
+    plugin_in_this_process("tests.toy_env")  # registers the toy family here, to build its checkpoint
     for key, value in PLUGIN_ENV.items():
         monkeypatch.setenv(key, value)
     logdir = str(tmp_path)
