@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # SKIP_FOOTBALL=1 runs the suite without building gfootball (its tests then skip with the reason).
 SKIP_FOOTBALL ?=
 
-.PHONY: install football run test test-fast lint gpu-check clean
+.PHONY: install football run test test-learning test-fast lint gpu-check clean
 
 install: .install-stamp
 
@@ -27,12 +27,19 @@ football: install
 run: install
 	launch/local.sh $(ARGS)
 
+# The suite on TEST_WORKERS processes (pytest-xdist; a file's tests stay on one worker): most tests wait on real
+# learners and actors, so three workers keep 2 cores busy. One short learning test per agent is in it;
+# the longer learning checks and the soak are in `make test-learning`.
+TEST_WORKERS ?= 3
 test: install $(if $(SKIP_FOOTBALL),,football)
 	launch/install_test_tools.sh
-	$(PYTHON) -m pytest -q -ra --durations=30 $(PYTEST_ARGS) tests
+	$(PYTHON) -m pytest -q -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile -m "not learning" $(PYTEST_ARGS) tests
+
+test-learning: install
+	$(PYTHON) -m pytest -q -ra --durations=30 -m learning $(PYTEST_ARGS) tests
 
 test-fast: install
-	$(PYTHON) -m pytest -q -ra -m "not slow" $(PYTEST_ARGS) tests
+	$(PYTHON) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not slow and not learning" $(PYTEST_ARGS) tests
 
 # The GPU rows of the performance tables (needs one CUDA GPU and a CUDA torch): ARGS="--out_dir=DIR" etc.
 gpu-check: install

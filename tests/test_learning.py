@@ -1,6 +1,8 @@
 """Learning: the real launcher (learner + 2 actor processes) trains CartPole-v1 to a high mean return.
 
-Slow tests (minutes each); CI runs them. They stop as soon as the target is reached.
+Slow tests (minutes each). They stop as soon as the target is reached. `make test` keeps PPO's and R2D2's image test
+(with tests/test_muzero.py's MuZero, tests/test_shm_actors.py's V-trace and tests/test_sac.py's SAC: one short
+learning test per agent); the others are marked `learning` and run in `make test-learning`.
 """
 
 import os
@@ -40,6 +42,7 @@ def _train_until(tmp_path, args, target, timeout_s, metric="episode_return_mean"
     return time.monotonic() - start
 
 
+@pytest.mark.learning
 def test_vtrace_learns_cartpole(tmp_path):
     elapsed = _train_until(tmp_path, ["--agent=vtrace", "--env=gym:CartPole-v1", "--seed=1"], 400, timeout_s=600)
     print(f"V-trace reached a mean return of 400 in {elapsed:.0f}s")
@@ -51,6 +54,7 @@ def test_ppo_learns_cartpole(tmp_path):
     print(f"PPO reached a mean return of 400 in {elapsed:.0f}s")
 
 
+@pytest.mark.learning
 def test_r2d2_learns_cartpole(tmp_path):
     # The training envs' mean return is held down by the most exploratory envs (epsilon up to 0.4 with only
     # 6 training envs); the 2 eval envs (epsilon 1e-3) measure the learned greedy policy.
@@ -59,6 +63,7 @@ def test_r2d2_learns_cartpole(tmp_path):
     print(f"R2D2's eval envs reached a mean return of 400 in {elapsed:.0f}s")
 
 
+@pytest.mark.learning
 def test_vtrace_learns_from_atari_sized_images(tmp_path):
     # fake:atari sends 84 x 84 uint8 frames (stacked 4 on the learner, 18 actions, action repeat 4) whose
     # brightness names the rewarded action: a random policy scores 100/18 = 5.6 per 100-step episode. Rising

@@ -40,7 +40,7 @@ def test_learner_and_actor_on_two_hosts_train_over_tls(hosts, tmp_path):
     assert checkpoint.latest(run.logdir) is not None
 
 
-@pytest.mark.parametrize("partition", ["drop", pytest.param("link", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("partition", ["drop", pytest.param("link", marks=[pytest.mark.slow, pytest.mark.learning])])
 def test_partition_actor_back_within_seconds_of_the_link(hosts, tmp_path, partition):
     """The actor's host is cut off for 15 s, then reconnected: the actor notices the dead connection (keepalive
     pings unanswered), redials every second, and training resumes within seconds of the link's return.

@@ -2,6 +2,7 @@
 temperature's direction, acting, the optimizer's groups, the refusal of a Discrete env, and a run through the real
 learner, training process and two actors on Pendulum-v1."""
 
+import json
 import math
 import signal
 
@@ -257,3 +258,28 @@ def test_pendulum_trains_through_the_real_learner_training_process_and_two_actor
     assert int(state["agent"]["network"]["updates"]) == state["counters"]["train_steps"]
     assert set(state["agent"]["target_network"]) == {k[len("critic."):] for k in state["agent"]["network"]
                                                      if k.startswith("critic.")}
+
+
+def test_sac_learns_the_toy_dial_through_the_real_learner_and_actor(processes, tmp_path, monkeypatch):
+    """SAC's short learning test: on the toy family's `dial` (tests/toy_env/, a plug-in; reward 1 - |a - t| for an
+    observed target t, 1/3 per step for a uniform random action) the learner (its training process) and one actor
+    with an evaluation env (the policy's mode): the evaluation episodes' mean return passes 80% of the best, 8 of 10
+    (random: 3.3), within a few hundred updates."""
+    monkeypatch.setenv("SEED_RL_PLUGINS", "tests.toy_env")
+    logdir = str(tmp_path / "run")
+    address = f"unix:{tmp_path}/learner.sock"
+    common = ["--env=toy:dial", "--toy_episode_length=10", f"--server_address={address}", "--envs_per_actor=4"]
+    learner = processes.learner([
+        "--agent=sac", *common, f"--logdir={logdir}", "--num_actors=1", "--num_eval_envs=1", "--seed=1",
+        "--log_interval_s=1", "--torch_threads=1", "--checkpoint_interval_s=3600", "--training_process"])
+    processes.actor([*common, "--actor_index=0"], "actor0")
+
+    def learned():
+        rows = [r for r in read_metrics(logdir) if r.get("eval_episode_return_mean") is not None]
+        return rows if rows and rows[-1]["eval_episode_return_mean"] >= 8.0 else None
+
+    rows = wait_for(learned, 240, "an evaluation return of 8 (random: 3.3)",
+                    on_timeout=lambda: processes.output(learner)[-3000:] + "\n" + json.dumps(read_metrics(logdir)[-3:]))
+    assert rows[-1]["train_steps"] > 0
+    learner.send_signal(signal.SIGTERM)
+    assert learner.wait(timeout=60) == 0, processes.output(learner)

@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 DURATION_S, KILL_EVERY_S, STOP_S, CHECKPOINT_S, LOG_S = 180, 30, 20, 10, 2
 
 
+@pytest.mark.learning
 def test_soak_three_minutes(tmp_path):
     out = tmp_path / "soak.json"
     completed = subprocess.run(

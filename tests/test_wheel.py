@@ -185,7 +185,14 @@ AGENT_FLAGS = {"r2d2": ["--replay_min_size=32"], "sac": ["--replay_min_size=64",
 AGENT_ENVS = {"sac": "gym:Pendulum-v1"}  # the others train on gym:CartPole-v1
 
 
-@pytest.mark.parametrize("agent", agent_names())
+# `make test` installs the default agent and MuZero (the one with the most dependencies: Numba's search) from the
+# wheel; the other agents' runs from the wheel are in `make test-learning` (their modules are in the wheel either
+# way: test_wheel_has_every_module_and_data_file).
+IN_MAKE_TEST = ("vtrace", "muzero")
+
+
+@pytest.mark.parametrize("agent", [agent if agent in IN_MAKE_TEST else pytest.param(agent, marks=pytest.mark.learning)
+                                   for agent in agent_names()])
 def test_every_agent_trains_from_a_plain_install(installed, tmp_path, agent):
     """`seed-learner --agent=<agent>` and one `seed-actor` on CartPole, from the venv that holds only the wheel,
     the atari extra and what they declare (the defaults: the training process and the shared-memory actor path):
