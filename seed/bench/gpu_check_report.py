@@ -152,7 +152,8 @@ def render(summary: dict[str, Any]) -> str:
     if device:
         lines += [f"Device: {device}", ""]
     lines += ["| step | exit | seconds |", "|---|---:|---:|"]
-    lines += [f"| {s['step']} | {s['exit_code']} | {s['seconds']} |" for s in summary["steps"]] or ["| (none ran) | | |"]
+    lines += ([f"| {s['step']} | {s['exit_code']} | {s['seconds']} |" for s in summary["steps"]]
+              or ["| (none ran) | | |"])
     rows = []
     search = summary.get("search_gpu")
     if search:
@@ -197,8 +198,10 @@ def render(summary: dict[str, Any]) -> str:
     lines += [f"| {label} | {_fmt(value, 2 if isinstance(value, float) and abs(value) < 10 else 1)} | {target} | "
               f"{verdict} |" for label, value, target, verdict in rows]
     if learn and learn["curve"]:
-        lines += ["", f"Evaluation curve ({learn['metric']}):", "", "| seconds | env frames | score |", "|---:|---:|---:|"]
-        lines += [f"| {_fmt(p['time_s'], 0)} | {_fmt(p['env_frames'])} | {_fmt(p['score'], 2)} |" for p in learn["curve"]]
+        lines += ["", f"Evaluation curve ({learn['metric']}):", "", "| seconds | env frames | score |",
+                  "|---:|---:|---:|"]
+        lines += [f"| {_fmt(p['time_s'], 0)} | {_fmt(p['env_frames'])} | {_fmt(p['score'], 2)} |"
+                  for p in learn["curve"]]
     return "\n".join(lines) + "\n"
 
 
