@@ -302,7 +302,8 @@ def test_transport_flag_is_checked_at_start(processes, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("shm_actors,transport", [("true", "shm"), pytest.param("false", "grpc", marks=pytest.mark.learning)])
+@pytest.mark.parametrize("shm_actors,transport",
+                         [("true", "shm"), pytest.param("false", "grpc", marks=pytest.mark.learning)])
 def test_cartpole_learns_through_launch_local_sh(tmp_path, shm_actors, transport):
     """launch/local.sh's actors dial the learner's unix socket: over shared memory unless the learner refuses it."""
     from tests.test_learning import _train_until
