@@ -19,7 +19,9 @@ GYM_SPEC="gym==0.25.2"
 APT_PACKAGES=(
   build-essential cmake
   libsdl2-dev libsdl2-image-dev libsdl2-ttf-dev libsdl2-gfx-dev
-  libboost-all-dev
+  # The four Boost libraries the engine's CMake asks for (thread system filesystem python) and the headers;
+  # libboost-all-dev would pull every Boost library and MPI with it (minutes of apt on a fresh machine).
+  libboost-dev libboost-thread-dev libboost-system-dev libboost-filesystem-dev libboost-python-dev
   libgl-dev libegl-dev  # OpenGL and EGL headers the engine's CMake requires (usually pulled in by libsdl2-dev)
 )
 # No window: the engine must never try to open a display.

@@ -206,3 +206,30 @@ def serving_pid(learner_pid: int) -> int | None:
                 except OSError:  # it just exited
                     pass
     return None
+
+
+def pytest_unconfigure(config):
+    """No hang at exit. A test that failed may leave a spawned child (a training process, a batch worker) that
+    multiprocessing would join at interpreter exit, or a thread running a learner that never stops: pytest would
+    print its summary and then wait forever (a CI run was cut at its time limit that way). The children are
+    killed; a non-daemon thread still alive 60 s later is named and the process exits non-zero."""
+    import multiprocessing
+    import threading
+
+    for child in multiprocessing.active_children():
+        print(f"[conftest] killing {child.name} (pid {child.pid}), left running by a test", file=sys.stderr)
+        child.kill()
+        child.join(5)
+    stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not stuck:
+        return
+
+    def watchdog():
+        time.sleep(60)
+        alive = [t.name for t in stuck if t.is_alive()]
+        if alive:
+            print(f"[conftest] threads left running by the tests kept the process from exiting for 60 s: {alive}",
+                  file=sys.stderr, flush=True)
+            os._exit(3)
+
+    threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
