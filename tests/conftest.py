@@ -233,3 +233,22 @@ def pytest_unconfigure(config):
             os._exit(3)
 
     threading.Thread(target=watchdog, name="exit-watchdog", daemon=True).start()
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """The test files in the order of their measured durations, longest first (tests/data/file_durations.json,
+    written by launch/test_durations.py; a file not in it counts as 30 s): pytest-xdist's workers take whole files
+    in this order, so the suite does not end with one worker running a long file while the others wait."""
+    path = os.path.join(REPO, "tests", "data", "file_durations.json")
+    try:
+        with open(path) as f:
+            durations = json.load(f)
+    except (OSError, ValueError):
+        return
+    position = {item: i for i, item in enumerate(items)}
+
+    def key(item):
+        relative = os.path.relpath(str(item.path), REPO)
+        return (-durations.get(relative, 30.0), relative, position[item])
+
+    items.sort(key=key)

@@ -17,7 +17,7 @@ from seed.bench.actor_side import pack_tensors, unpack_tensors, unpack_unrolls
 from tests.conftest import REPO, wait_for
 
 SMOKE_FLAGS = ["--config=fake_mlp", "--num_actors=2", "--envs_per_actor=8", "--batch_size=4",
-               "--duration_s=4", "--warmup_s=1", "--noprogress"]
+               "--duration_s=8", "--warmup_s=2", "--noprogress"]  # 4 s once measured no learner frames under load
 
 
 @pytest.fixture(scope="module")

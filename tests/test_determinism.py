@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 import torch
 
 from seed.runtime import checkpoint
@@ -37,20 +38,36 @@ def _run(tmp_path, name, seed, num_actors=2, envs_per_actor=2, sync_lag=1):
     return state["agent"]["network"]
 
 
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    """`run(seed, ...)`: _run's parameters, each configuration run once for the module (both tests use seed 5 with
+    sync lag 1 on 2 x 2 envs)."""
+    done = {}
+
+    def cached(seed, num_actors=2, envs_per_actor=2, sync_lag=1):
+        key = (seed, num_actors, envs_per_actor, sync_lag)
+        if key not in done:
+            name = f"seed{seed}_{num_actors}x{envs_per_actor}_lag{sync_lag}"
+            done[key] = _run(tmp_path_factory.mktemp(name), name, seed, num_actors, envs_per_actor, sync_lag)
+        return done[key]
+
+    return cached
+
+
 def _identical(a, b):
     return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
-def test_one_seed_gives_bit_identical_parameters_and_another_seed_does_not(tmp_path):
-    first = _run(tmp_path, "first", seed=5)
-    again = _run(tmp_path, "again", seed=5, num_actors=1, envs_per_actor=4)  # same envs, one actor process
-    other = _run(tmp_path, "other", seed=6)
+def test_one_seed_gives_bit_identical_parameters_and_another_seed_does_not(run):
+    first = run(seed=5)
+    again = run(seed=5, num_actors=1, envs_per_actor=4)  # same envs, one actor process
+    other = run(seed=6)
     assert _identical(first, again)
     assert not _identical(first, other)
 
 
-def test_synchronous_ppo_is_bit_identical_across_actor_splits(tmp_path):
-    first = _run(tmp_path, "lag0", seed=5, sync_lag=0)
-    again = _run(tmp_path, "lag0_again", seed=5, num_actors=1, envs_per_actor=4, sync_lag=0)
+def test_synchronous_ppo_is_bit_identical_across_actor_splits(run):
+    first = run(seed=5, sync_lag=0)
+    again = run(seed=5, num_actors=1, envs_per_actor=4, sync_lag=0)
     assert _identical(first, again)
-    assert not _identical(first, _run(tmp_path, "lag1", seed=5))  # the same seed acting one update behind
+    assert not _identical(first, run(seed=5))  # the same seed acting one update behind

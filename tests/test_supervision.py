@@ -163,8 +163,9 @@ def test_learner_whose_sink_raises_exits_non_zero_with_the_traceback(processes, 
     wait_for(lambda: "thread 'experience-sink' died" in processes.output(learner), 30, "the sink to fail",
              on_timeout=lambda: processes.output(learner))
     died_at = time.monotonic()
-    code = learner.wait(timeout=30)
-    assert time.monotonic() - died_at < 15
+    code = learner.wait(timeout=45)
+    # Stop, checkpoint, exit: seconds on a quiet machine; 15.2 s was seen beside two other test workers.
+    assert time.monotonic() - died_at < 30
     output = processes.output(learner)
     assert code != 0, output
     assert "Traceback (most recent call last)" in output and "InjectedFault" in output, output

@@ -151,7 +151,7 @@ def test_learner_prints_the_r2d2_config(installed):
 def test_bench_and_report_run_outside_the_repository(installed):
     bin_dir, site, work, env = installed
     out, runs = os.path.join(work, "results", "cartpole.json"), os.path.join(work, "runs")
-    run([bin_dir / "seed-bench", "--config=cartpole", "--duration_s=20", "--noprogress", f"--out={out}",
+    run([bin_dir / "seed-bench", "--config=cartpole", "--duration_s=10", "--noprogress", f"--out={out}",
          f"--runs_dir={runs}"], cwd=work, timeout=180, env=env)
     with open(out) as f:
         result = json.load(f)
