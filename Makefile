@@ -34,13 +34,13 @@ run: install
 TEST_WORKERS ?= 2
 test: install $(if $(SKIP_FOOTBALL),,football)
 	launch/install_test_tools.sh
-	$(PYTHON) -m pytest -q -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile -m "not learning" $(PYTEST_ARGS) tests
+	$(PYTHON) -m pytest -q -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not learning" $(PYTEST_ARGS) tests
 
 test-learning: install
 	$(PYTHON) -m pytest -q -ra --durations=30 -m learning $(PYTEST_ARGS) tests
 
 test-fast: install
-	$(PYTHON) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile -m "not slow and not learning" $(PYTEST_ARGS) tests
+	$(PYTHON) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not learning" $(PYTEST_ARGS) tests
 
 # The GPU rows of the performance tables (needs one CUDA GPU and a CUDA torch): ARGS="--out_dir=DIR" etc.
 gpu-check: install

@@ -98,7 +98,7 @@ setup(
         # draws gymnasium's classic-control screens (CartPole's rgb_array render).
         "video": ["imageio", "imageio-ffmpeg", "pygame"],
         "wandb": ["wandb"],  # --wandb_project: the Weights & Biases metrics sink (seed/metrics/wandb_sink.py)
-        "test": ["pytest", "pytest-xdist", "ruff", "pyyaml", "kubernetes-validate==1.37.0", "cryptography"],
+        "test": ["pytest", "pytest-xdist>=3.6", "ruff", "pyyaml", "kubernetes-validate==1.37.0", "cryptography"],
     },
     entry_points={
         "console_scripts": [

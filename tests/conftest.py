@@ -238,7 +238,9 @@ def pytest_unconfigure(config):
 def pytest_collection_modifyitems(session, config, items):
     """The test files in the order of their measured durations, longest first (tests/data/file_durations.json,
     written by launch/test_durations.py; a file not in it counts as 30 s): pytest-xdist's workers take whole files
-    in this order, so the suite does not end with one worker running a long file while the others wait."""
+    in this order (`--dist loadfile --no-loadscope-reorder`; xdist's own order is by the number of tests, which
+    left the 85-s fuzzer and the netns soak, one test each, for last), so the suite does not end with one worker
+    running a long file while the other waits."""
     path = os.path.join(REPO, "tests", "data", "file_durations.json")
     try:
         with open(path) as f:
