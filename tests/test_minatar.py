@@ -247,7 +247,7 @@ def test_muzero_minatar_network_keeps_10_by_10_and_trains(tmp_path):
 
 
 @pytest.mark.parametrize("name, agent", [("minatar_vtrace", "vtrace"), ("minatar_ppo", "ppo"),
-                                         ("minatar_muzero", "muzero")])
+                                         ("minatar_muzero", "muzero"), ("minatar_r2d2", "r2d2")])
 def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tmp_path, name, agent):
     from seed.learner.configuration import resolve_config
 
@@ -257,6 +257,19 @@ def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tm
     other = resolve_config({"logdir": str(tmp_path / "run"), "preset": name, "env": "minatar:space_invaders"})
     assert (other.env, other.network) == ("minatar:space_invaders", "minatar")
     assert envs.make_spec(other.env, other.env_options()).observation_shape == (10, 10, 6)
+
+
+def test_r2d2_preset_is_a_dqn_of_the_minatar_paper_s_sizes(tmp_path):
+    """minatar_r2d2's replay and target settings in the paper's transitions: 100K stored, 5K before training, a
+    target copy every 32K sampled; no LSTM, so no burn-in; 16 transitions sampled per agent step."""
+    from seed.learner.configuration import resolve_config
+
+    config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "minatar_r2d2"})
+    assert not config.use_lstm and config.burn_in == 0
+    assert config.replay_capacity * config.unroll_length == 100_000
+    assert config.replay_min_size * config.unroll_length == 5_000
+    assert config.target_update_interval * config.batch_size * config.unroll_length == 32_000
+    assert config.replay_ratio == 16.0 and config.total_environment_frames == 1_000_000
 
 
 def test_muzero_preset_makes_6560_updates_in_100k_agent_steps(tmp_path):
