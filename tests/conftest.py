@@ -85,17 +85,22 @@ class Processes:
                 process.wait()
 
 
+def _registries() -> tuple[dict, dict]:
+    """Copies of the env-family and agent registries (envs.FAMILIES, agents.registry.AGENTS)."""
+    from agents import registry
+    from seed import envs
+
+    return dict(envs.FAMILIES), dict(registry.AGENTS)
+
+
 @pytest.fixture(autouse=True)
 def registries_unchanged():
     """A test that leaves an env family or an agent registered would change every configuration the later tests
     resolve (a family's flags join every config class; spawned training processes, without SEED_RL_PLUGINS, refuse
     them): such a test fails here, at its own name."""
-    from agents import registry
-    from seed import envs
-
-    before = (dict(envs.FAMILIES), dict(registry.AGENTS))
+    before = _registries()
     yield
-    after = (dict(envs.FAMILIES), dict(registry.AGENTS))
+    after = _registries()
     assert after == before, f"the test left the registries changed: families {sorted(after[0])} (before "\
         f"{sorted(before[0])}), agents {sorted(after[1])} (before {sorted(before[1])})"
 
@@ -109,7 +114,7 @@ def plugin_in_this_process():
     from agents import registry
     from seed import envs
 
-    families, agents = dict(envs.FAMILIES), dict(registry.AGENTS)
+    families, agents = _registries()
 
     def load(module: str) -> None:
         if module in sys.modules:
@@ -247,10 +252,8 @@ def pytest_collection_modifyitems(session, config, items):
             durations = json.load(f)
     except (OSError, ValueError):
         return
-    position = {item: i for i, item in enumerate(items)}
-
-    def key(item):
+    def key(item):  # the sort is stable: a file's tests keep their order
         relative = os.path.relpath(str(item.path), REPO)
-        return (-durations.get(relative, 30.0), relative, position[item])
+        return -durations.get(relative, 30.0), relative
 
     items.sort(key=key)

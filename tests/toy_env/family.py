@@ -65,7 +65,10 @@ def make_spec(name: str, options: dict[str, Any]) -> EnvSpec:
                    num_actions=TOY_ACTIONS)
 
 
-class LightsEnv:
+class _ToyEnv:
+    """What both games share: the episode's length and step count, the env's own generator, seed-eval's flag.
+    A game draws its next observation in `_observation` and scores an action in `_reward` (reward, raw reward)."""
+
     def __init__(self, spec: EnvSpec, seed: int, episode_length: int, evaluating: bool):
         if episode_length < 1:
             raise ValueError(f"toy_episode_length: got {episode_length}, expected >= 1")
@@ -73,65 +76,54 @@ class LightsEnv:
         self.episode_length = episode_length
         self.evaluating = evaluating  # seed-eval's EVALUATION_OPTIONS reached the env
         self._random = np.random.default_rng(seed)
-        self._light = 0
         self._steps = 0
-
-    def _observation(self) -> np.ndarray:
-        self._light = int(self._random.integers(TOY_ACTIONS))
-        return np.eye(TOY_ACTIONS, dtype=np.float32)[self._light]
 
     def reset(self) -> np.ndarray:
         self._steps = 0
         return self._observation()
 
-    def step(self, action: int) -> StepResult:
-        hit = float(int(action) == self._light)
+    def step(self, action) -> StepResult:
+        reward, raw_reward = self._reward(action)
         self._steps += 1
-        return StepResult(self._observation(), reward=hit, terminated=False,
-                          truncated=self._steps >= self.episode_length, raw_reward=POINTS_PER_HIT * hit)
+        return StepResult(self._observation(), reward=reward, terminated=False,
+                          truncated=self._steps >= self.episode_length, raw_reward=raw_reward)
+
+    def close(self) -> None:
+        pass
+
+
+class LightsEnv(_ToyEnv):
+    _light = 0
+
+    def _observation(self) -> np.ndarray:
+        self._light = int(self._random.integers(TOY_ACTIONS))
+        return np.eye(TOY_ACTIONS, dtype=np.float32)[self._light]
+
+    def _reward(self, action: int) -> tuple[float, float]:
+        hit = float(int(action) == self._light)
+        return hit, POINTS_PER_HIT * hit
 
     def render_rgb(self) -> np.ndarray:
         frame = np.zeros((16, 16 * TOY_ACTIONS, 3), np.uint8)
         frame[:, 16 * self._light:16 * (self._light + 1)] = 255
         return frame
 
-    def close(self) -> None:
-        pass
 
-
-class DialEnv:
-    def __init__(self, spec: EnvSpec, seed: int, episode_length: int, evaluating: bool):
-        if episode_length < 1:
-            raise ValueError(f"toy_episode_length: got {episode_length}, expected >= 1")
-        self.spec = spec
-        self.episode_length = episode_length
-        self.evaluating = evaluating
-        self._random = np.random.default_rng(seed)
-        self._target = 0.0
-        self._steps = 0
+class DialEnv(_ToyEnv):
+    _target = 0.0
 
     def _observation(self) -> np.ndarray:
         self._target = float(self._random.uniform(-1.0, 1.0))
         return np.array([self._target], np.float32)
 
-    def reset(self) -> np.ndarray:
-        self._steps = 0
-        return self._observation()
-
-    def step(self, action: np.ndarray) -> StepResult:
+    def _reward(self, action: np.ndarray) -> tuple[float, float]:
         reward = 1.0 - abs(float(np.clip(np.asarray(action, np.float32).reshape(-1)[0], -1.0, 1.0)) - self._target)
-        self._steps += 1
-        return StepResult(self._observation(), reward=reward, terminated=False,
-                          truncated=self._steps >= self.episode_length, raw_reward=reward)
+        return reward, reward
 
     def render_rgb(self) -> np.ndarray:
         frame = np.zeros((16, 64, 3), np.uint8)
-        column = int(round((self._target + 1.0) / 2.0 * 63))
-        frame[:, column] = 255
+        frame[:, int(round((self._target + 1.0) / 2.0 * 63))] = 255
         return frame
-
-    def close(self) -> None:
-        pass
 
 
 def make_batch(name: str, num_envs: int, first_env_id: int, options: dict[str, Any]) -> SequentialEnvBatch:
