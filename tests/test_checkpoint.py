@@ -7,6 +7,8 @@ import io
 import logging
 import os
 import shlex
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -143,12 +145,15 @@ def test_random_states_load_and_so_do_numpy_1_files(tmp_path):
         assert torch.equal(loaded["torch"], states["torch"])
 
 
-def make_learner(logdir: str):
+def make_learner(logdir: str, training_process: bool = False):
+    """A learner built (not started) on the fake vector env; without the training process by default, so that
+    the test can step its optimizer."""
     from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
 
     config = resolve_config(dict(env="fake:vector", logdir=logdir, server_address=f"unix:{logdir}/s", num_actors=1,
-                                 envs_per_actor=2, inference_devices="cpu,cpu", torch_threads=1, keep_checkpoints=2))
+                                 envs_per_actor=2, inference_devices="cpu,cpu", torch_threads=1, keep_checkpoints=2,
+                                 training_process=training_process))
     return Learner(config)
 
 
@@ -190,3 +195,64 @@ def test_resumed_learner_restores_parameters_optimizer_counters_and_serves_the_r
     finally:
         second._close()
         fresh._close()
+
+
+def test_with_the_training_process_the_learner_holds_only_the_optimizer_state(tmp_path):
+    """The training process owns the optimizer: the learner holds its state (None when fresh) and hands on a
+    resumed one; a checkpoint without optimizer state resumes an in-process learner with a fresh optimizer."""
+    from seed.training.optimizers import HeldOptimizerState
+
+    logdir = str(tmp_path / "run")
+    first = make_learner(logdir)
+    for _ in range(2):
+        loss = sum((p * p).sum() for p in first.parts.agent.network.parameters())
+        first.parts.optimizer.zero_grad()
+        loss.backward()
+        first.parts.optimizer.step()
+    first.checkpoint()
+    first._close()
+    _, saved = checkpoint.latest(logdir)
+
+    held = make_learner(logdir, training_process=True)
+    fresh = make_learner(str(tmp_path / "fresh"), training_process=True)
+    try:
+        assert isinstance(held.parts.optimizer, HeldOptimizerState)
+        restored = held.parts.optimizer.state_dict()["state"]
+        assert len(restored) == len(saved["optimizer"]["state"]) > 0
+        for index, moments in saved["optimizer"]["state"].items():
+            assert torch.equal(restored[index]["exp_avg"], moments["exp_avg"]), index
+        assert fresh.parts.optimizer.state_dict() is None
+        fresh.checkpoint()  # the child never ran: nothing to ask, no optimizer state yet
+    finally:
+        held._close()
+        fresh._close()
+    fresh_logdir = str(tmp_path / "fresh")
+    assert checkpoint.latest(fresh_logdir)[1]["optimizer"] is None
+    resumed = make_learner(fresh_logdir)
+    try:
+        assert isinstance(resumed.parts.optimizer, torch.optim.Optimizer)
+        assert resumed.parts.optimizer.state_dict()["state"] == {}
+    finally:
+        resumed._close()
+
+
+BUILD_A_LEARNER = """
+import sys
+from seed.learner.configuration import resolve_config
+from seed.learner.learner import Learner
+logdir = sys.argv[1]
+config = resolve_config(dict(env="fake:vector", logdir=logdir, server_address=f"unix:{logdir}/s", num_actors=1,
+                             torch_threads=1))
+learner = Learner(config)
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+learner._close()
+"""
+
+
+def test_a_learner_with_the_training_process_does_not_import_dynamo(tmp_path):
+    """Building a torch optimizer imports torch._dynamo (about 2 s); the learner's process, which does not step
+    one with --training_process, must not pay for it (its training process does)."""
+    completed = subprocess.run([sys.executable, "-c", BUILD_A_LEARNER, str(tmp_path)], capture_output=True,
+                               text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "dynamo imported: False" in completed.stdout, completed.stdout + completed.stderr[-3000:]

@@ -40,7 +40,7 @@ from seed.metrics.sinks import SinkSettings
 from seed.runtime.host_memory import keep_freed_memory
 from seed.runtime.supervised_thread import SupervisedThread, sink_fault_from_environment
 from seed.serving.process import ServingProcess
-from seed.training.optimizers import make_optimizer
+from seed.training.optimizers import HeldOptimizerState, learner_optimizer
 from seed.training.process import TrainingProcess
 from seed.transport import REDACTED, TransportSecurity, listen_addresses
 from seed.transport.notify import RequestBatcher, new_reply_fd, new_request_channel, send_replies
@@ -96,7 +96,7 @@ class LearnerParts:
     inference_devices: list[torch.device]
     stop_event: threading.Event
     agent: Any  # the agent module's Agent (networks + loss), on the training device
-    optimizer: torch.optim.Optimizer
+    optimizer: torch.optim.Optimizer | HeldOptimizerState  # only its state with --training_process
     metrics: LearnerMetrics
     episodes: EpisodeRecorder
     experience: FifoExperience | ReplayExperience
@@ -141,7 +141,7 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     check_action_space(type(config).agent_class, spec, config.agent)  # before the agent builds its networks
     agent = type(config).agent_class(spec, config)
     agent.to(training_device)
-    optimizer = make_optimizer(agent, config)
+    optimizer = learner_optimizer(agent, config)
     with open(os.path.join(config.logdir, "config.json"), "w") as f:  # what seed-report --curves groups by
         json.dump(dataclasses.asdict(config), f, indent=1, sort_keys=True)
     restored = resume(config, agent, optimizer)

@@ -17,9 +17,11 @@ from seed.config import LearnerConfig
 from seed.experience.training_batches import FifoExperience, ReplayExperience
 from seed.metrics.recording import LearnerMetrics
 from seed.runtime import checkpoint
+from seed.training.optimizers import HeldOptimizerState, load_optimizer_state
 
 
-def resume(config: LearnerConfig, agent: Any, optimizer: torch.optim.Optimizer) -> dict[str, Any] | None:
+def resume(config: LearnerConfig, agent: Any,
+           optimizer: torch.optim.Optimizer | HeldOptimizerState) -> dict[str, Any] | None:
     """Loads the newest loadable checkpoint of `config.logdir` into `agent` and `optimizer` and returns it (its
     "counters" and "rng" are for the caller); None when there is none (a fresh start)."""
     found = checkpoint.latest(config.logdir)
@@ -27,7 +29,7 @@ def resume(config: LearnerConfig, agent: Any, optimizer: torch.optim.Optimizer) 
         return None
     path, restored = found
     agent.load_state_dict(restored["agent"])
-    optimizer.load_state_dict(restored["optimizer"])
+    load_optimizer_state(optimizer, restored["optimizer"])
     counters = restored["counters"]
     print(f"[learner] resumed from {path}: "
           f"env_frames={counters['env_frames']:,} train_steps={counters['train_steps']:,}", flush=True)
@@ -42,7 +44,8 @@ class LearnerCheckpointer:
         self.metrics = metrics
         self.experience = experience
 
-    def save(self, agent_state: dict[str, Any], optimizer_state: dict[str, Any], with_experience: bool = True) -> None:
+    def save(self, agent_state: dict[str, Any], optimizer_state: dict[str, Any] | None,
+             with_experience: bool = True) -> None:
         """Writes the given agent and optimizer state with the counters and generator states of now, and, if
         `with_experience`, the experience (the replay)."""
         metrics = self.metrics

@@ -23,15 +23,17 @@ from seed.inference.central import CentralInference
 from seed.learner.checkpointing import LearnerCheckpointer
 from seed.metrics.recording import LearnerMetrics
 from seed.runtime.supervised_thread import ThreadFailure
+from seed.training.optimizers import HeldOptimizerState
 from seed.training.process import TrainingProcess, TrainingUpdate
 from seed.training.update import train_on_batch
 
 
 class TrainingLoop:
-    """Trains `agent` with `optimizer` (here, or in `training_process` when not None) on `experience`'s batches
-    and publishes each update's parameters to `inferences`; `metrics.train_steps` counts the updates."""
+    """Trains `agent` with `optimizer` (here, or in `training_process` when not None: `optimizer` then holds
+    only the child's last reported state) on `experience`'s batches and publishes each update's parameters to
+    `inferences`; `metrics.train_steps` counts the updates."""
 
-    def __init__(self, config: LearnerConfig, agent: Any, optimizer: torch.optim.Optimizer,
+    def __init__(self, config: LearnerConfig, agent: Any, optimizer: torch.optim.Optimizer | HeldOptimizerState,
                  experience: FifoExperience | ReplayExperience, inferences: list[CentralInference],
                  metrics: LearnerMetrics, training_process: TrainingProcess | None, checkpointer: LearnerCheckpointer,
                  stop: threading.Event):

@@ -44,7 +44,7 @@ import torch
 from seed.config import LearnerConfig
 from seed.contracts.training import TrainingBatch, Unroll
 from seed.envs.base import EnvSpec
-from seed.training.liveness import FIRST_UPDATE_FACTOR, die_with_parent
+from seed.training.liveness import FIRST_UPDATE_FACTOR, die_with_parent, exit_without_teardown
 from seed.training.shared_parameters import SharedParameters
 
 
@@ -71,6 +71,12 @@ class WorkerSpec:
 def _worker_main(spec: WorkerSpec, commands: Any, results: Any, parameters: SharedParameters) -> None:
     """A batch worker: prepares each slot it is told of with the newest preparation parameters, until told to stop
     or the learner's end of the pipe closes."""
+    _serve_preparations(spec, commands, results, parameters)
+    exit_without_teardown()
+
+
+def _serve_preparations(spec: WorkerSpec, commands: Any, results: Any, parameters: SharedParameters) -> None:
+    """`_worker_main`'s work, returning when the worker should exit."""
     die_with_parent(spec.learner_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the learner stops us
     signal.signal(signal.SIGTERM, signal.SIG_IGN)

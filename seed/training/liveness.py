@@ -102,6 +102,16 @@ def die_with_parent(parent_pid: int) -> None:
         os._exit(1)
 
 
+def exit_without_teardown() -> None:
+    """A learner's child process (training process, batch worker) that has finished its work: flushes its output
+    and exits with status 0 at once. Its state already went back to the learner and the learner owns every
+    shared resource, so the interpreter's teardown (0.8 s of CPU with torch loaded, 1.4 s once an optimizer has
+    imported torch._dynamo; measured on 2 cores) would only delay the learner's exit."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 FAULT_ENV = "SEED_FAULT_TRAINING_PROCESS"
 _FAULTS = {
     "step_hangs": "the training process's update N sleeps forever in its main thread (a stuck optimizer step)",

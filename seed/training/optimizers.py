@@ -138,6 +138,39 @@ def clipped_lars(network: nn.Module, lr: float, eta: float, weight_decay: float,
                        warmup_steps=warmup_steps)
 
 
+class HeldOptimizerState:
+    """The optimizer's state dict, held by a learner whose training process owns the optimizer itself: what the
+    child starts from and what a checkpoint writes after the child stopped. None until there is a state (a fresh
+    start: the child builds a new optimizer).
+
+    Building a torch optimizer imports torch._dynamo (2-2.5 s of a learner's start-up on a busy core), which
+    the learner's own process never needs when it does not step the optimizer.
+    """
+
+    def __init__(self, state: dict[str, Any] | None = None):
+        self.state = state
+
+    def state_dict(self) -> dict[str, Any] | None:
+        return self.state
+
+    def load_state_dict(self, state: dict[str, Any] | None) -> None:
+        self.state = state
+
+
+def learner_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer | HeldOptimizerState:
+    """The learner process's optimizer: the real one when it trains itself; with --training_process only its
+    state (the child builds the optimizer)."""
+    return HeldOptimizerState() if config.training_process else make_optimizer(agent, config)
+
+
+def load_optimizer_state(optimizer: torch.optim.Optimizer | HeldOptimizerState,
+                         state: dict[str, Any] | None) -> None:
+    """`optimizer.load_state_dict(state)`, except that a checkpoint without optimizer state (None: written
+    before a training process reported one, so before any update) leaves a real optimizer fresh."""
+    if state is not None or isinstance(optimizer, HeldOptimizerState):
+        optimizer.load_state_dict(state)
+
+
 def make_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer:
     """The learner's optimizer (the same in the learner process and the training process): --optimizer=adam
     (the default) or clipped_lars (seed/training/optimizers.py), over `agent.network`'s parameters (Adam: in the

@@ -61,7 +61,7 @@ from seed.runtime.supervised_thread import SupervisedThread
 from seed.training import data_parallel, liveness
 from seed.training.batch_workers import BatchWorkerDied, BatchWorkers
 from seed.training.liveness import TrainingFault, TrainingProgress, die_with_parent, step_allowance_s
-from seed.training.optimizers import make_optimizer
+from seed.training.optimizers import HeldOptimizerState, make_optimizer
 from seed.training.shared_parameters import ParametersHalfWritten, SharedParameters
 from seed.training.update import train_on_batch
 
@@ -102,7 +102,7 @@ def _copy_parameters(targets: dict[str, torch.Tensor], network: torch.nn.Module)
         copy_tensors(list(targets.values()), [state[name] for name in targets])
 
 
-def to_bytes(agent_state: dict, optimizer_state: dict) -> bytes:
+def to_bytes(agent_state: dict, optimizer_state: dict | None) -> bytes:
     """Agent and optimizer state dicts by value: no tensor of the sender's is shared with the receiver (a
     pickled CPU tensor would be moved to shared memory and keep changing under a checkpoint being written)."""
     buffer = io.BytesIO()
@@ -110,8 +110,8 @@ def to_bytes(agent_state: dict, optimizer_state: dict) -> bytes:
     return buffer.getvalue()
 
 
-def from_bytes(data: bytes) -> tuple[dict, dict]:
-    """(agent state dict, optimizer state dict) from `to_bytes`, on the CPU."""
+def from_bytes(data: bytes) -> tuple[dict, dict | None]:
+    """(agent state dict, optimizer state dict or None) from `to_bytes`, on the CPU."""
     state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     return state["agent"], state["optimizer"]
 
@@ -130,7 +130,8 @@ class TrainingProcessSpec:
 
     Attributes:
       config, spec: the learner's.
-      initial_state: the agent's and optimizer's state dicts (`to_bytes`), the child's starting point.
+      initial_state: the agent's and optimizer's state dicts (`to_bytes`; the optimizer's None for a fresh one),
+        the child's starting point.
       train_steps: updates made so far (the child numbers its updates on from here).
       learner_pid: the learner's pid (the child dies with it).
       rank, world: this process's rank among the `world` training processes (--training_devices; 0 of 1
@@ -182,6 +183,7 @@ def _child_main(spec: TrainingProcessSpec, links: TrainingLinks) -> None:
     agent, optimizer = _build_agent(spec, device)
     trainer = _Trainer(spec, links, progress, agent, optimizer, device, shard)
     _command_loop(links.commands, trainer)
+    liveness.exit_without_teardown()
 
 
 def _set_up_process(spec: TrainingProcessSpec) -> tuple[torch.device, data_parallel.Shard | None]:
@@ -220,7 +222,8 @@ def _build_agent(spec: TrainingProcessSpec, device: torch.device) -> tuple[Any, 
     agent.load_state_dict(agent_state)
     agent.to(device)
     optimizer = make_optimizer(agent, spec.config)
-    optimizer.load_state_dict(optimizer_state)  # moves the moments to the parameters' device
+    if optimizer_state is not None:  # None: a fresh start
+        optimizer.load_state_dict(optimizer_state)  # moves the moments to the parameters' device
     return agent, optimizer
 
 
@@ -380,7 +383,8 @@ class TrainingProcess:
 
     Args:
       config, spec: the learner's.
-      agent, optimizer: the learner's (resumed) agent and optimizer; the child starts from their state.
+      agent, optimizer: the learner's (resumed) agent and optimizer (or only its state: HeldOptimizerState, None
+        for a fresh one); the child starts from their state.
       train_steps: updates made so far (the child numbers its updates on from here).
       next_batch: timeout_s -> TrainingBatch or None on the CPU (the FIFO experience's prefetched batches, or
         batches sampled from the replay).
@@ -392,7 +396,8 @@ class TrainingProcess:
     batch to a worker, and a collector thread hands the prepared batch to the child.
     """
 
-    def __init__(self, config: LearnerConfig, spec: EnvSpec, agent: Any, optimizer: torch.optim.Optimizer,
+    def __init__(self, config: LearnerConfig, spec: EnvSpec, agent: Any,
+                 optimizer: torch.optim.Optimizer | HeldOptimizerState,
                  train_steps: int, next_batch: Callable[[float], TrainingBatch | None], stop: threading.Event,
                  depth: int = 2):
         self._context = mp.get_context("spawn")
