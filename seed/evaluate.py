@@ -47,6 +47,7 @@ from absl import app, flags
 
 from seed.config import LearnerConfig, define_flags, explicit_flags, learner_config_class
 from seed.metrics.wandb_sink import check_wandb_mode
+from seed.runtime.quick_exit import freeze_objects_at_exit
 
 EVAL_SEED_OFFSET = 1_000_000  # eval env k uses seed + k; training envs use seed + env id < num_envs
 VIDEO_EXTENSIONS = (".mp4", ".gif")
@@ -492,6 +493,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
+    freeze_objects_at_exit()
     define_flags(EvalConfig)
     app.run(main)
 

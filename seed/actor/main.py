@@ -15,6 +15,7 @@ from absl import app, flags
 
 from seed.config import actor_config_class, build_config, define_flags, explicit_flags
 from seed.presets import fields_of, preset
+from seed.runtime.quick_exit import freeze_objects_at_exit
 
 SUPERSEDED_EXIT_CODE = 3  # a newer actor run took over this actor's index (2: the learner rejected the actor)
 
@@ -68,6 +69,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
+    freeze_objects_at_exit()
     define_flags(actor_config_class())
     app.run(main)
 

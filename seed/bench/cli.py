@@ -53,6 +53,7 @@ from seed.bench.results import BASELINES, SCHEMA, run_bench, summary_markdown, w
 from seed.bench.sweep import SWEEPS, sweep_plot, sweep_setups, sweep_table
 from seed.config import explicit_flags
 from seed.learner.configuration import define_learner_flags, learner_fields
+from seed.runtime.quick_exit import freeze_objects_at_exit
 
 # ----------------------------------------------------------------------------------------------- main
 
@@ -157,6 +158,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
+    freeze_objects_at_exit()
     if sys.argv[1:2] == ["search"]:  # `seed-bench search ...`: the tree-search micro-benchmark, its own flags
         from seed.bench.search_speed import main as search_main
 

@@ -38,6 +38,7 @@ from typing import Any
 from absl import app, flags
 
 from seed.bench.pricing import Pricing, PricingError, resolve_pricing
+from seed.runtime.quick_exit import freeze_objects_at_exit
 
 FRAMES_PER_COST_UNIT = 1e9
 
@@ -316,6 +317,7 @@ def main(argv: list[str]) -> None:
 
 
 def run() -> None:
+    freeze_objects_at_exit()
     flags.DEFINE_string("pricing", "current", "Price table: current (today's on-demand prices, shipped), paper "
                                               "(the SEED paper's 2019 prices, shipped) or the path of a YAML file.")
     flags.DEFINE_list("compare_pricing", [], "Also show the cost per 1B frames under these tables (same values as "

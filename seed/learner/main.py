@@ -16,6 +16,7 @@ from absl import app, flags
 
 from seed.config import LearnerConfig, explicit_flags, to_json
 from seed.learner.configuration import define_learner_flags, learner_fields, resolve_config
+from seed.runtime.quick_exit import freeze_objects_at_exit
 
 if TYPE_CHECKING:  # imported late: --help and --print_config stay fast
     from seed.transport import TransportSecurity
@@ -76,6 +77,7 @@ OMP_WAIT_POLICY_DEFAULT = "PASSIVE"
 
 
 def run() -> None:
+    freeze_objects_at_exit()
     os.environ.setdefault("OMP_WAIT_POLICY", OMP_WAIT_POLICY_DEFAULT)
     define_learner_flags()
     app.run(main)

@@ -5,4 +5,5 @@
   host_memory.py        freed host memory kept for reuse by a CPU learner (two mallopt settings)
   checkpoint.py         rotated checkpoint files, written atomically, read with torch.load(weights_only=True)
   cuda_graphs.py        the process's CUDA-graph lock: captures exclusive, replays and eager CUDA work shared
+  quick_exit.py         entry points skip the garbage collector's walk over torch's objects at exit
 """
