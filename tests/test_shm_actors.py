@@ -65,6 +65,21 @@ def _train_steps(logdir):
     return rows[-1]["train_steps"] if rows else 0
 
 
+def test_the_handover_socket_is_there_before_grpc_listens(processes, tmp_path):
+    """An actor with --transport=auto waits until gRPC answers and then tries the handover socket: were gRPC first,
+    an actor racing the learner's start would fall back to gRPC (seen in a MinAtar test once the learner started
+    2 s sooner). Watched every millisecond from before the learner starts: when the unix socket appears, so has
+    the handover socket."""
+    address = f"unix:{tmp_path}/learner.sock"
+    grpc_socket, path = f"{tmp_path}/learner.sock", shm_protocol.handover_path(address)
+    learner = processes.learner(_learner_args(str(tmp_path / "run"), address))
+    deadline = time.monotonic() + 120
+    while not os.path.exists(grpc_socket):
+        assert learner.poll() is None and time.monotonic() < deadline, processes.output(learner)
+        time.sleep(0.001)
+    assert os.path.exists(path), "the gRPC socket appeared before the handover socket"
+
+
 def test_shm_actors_train_and_their_steps_skip_grpc(processes, tmp_path):
     learner, address, path = _start_learner(processes, tmp_path)
     assert stat.S_IMODE(os.stat(path).st_mode) == 0o600  # the learner's user only

@@ -220,7 +220,9 @@ class Actor:
         channel = open_channel(self.config.server_address, self.security)
         grpc_link = None  # owns the channel once built
         try:
-            self._wait_for_learner(channel)  # the learner serves gRPC before it offers shm: wait on either path
+            # The learner's serving process offers shm before it serves gRPC: once gRPC answers, the handover
+            # socket is there if the learner offers one.
+            self._wait_for_learner(channel)
             if self.stop.is_set():
                 channel.close()
                 return None

@@ -76,6 +76,8 @@ class TrainingLoop:
         batch = self.experience.next_batch(0.2)
         if batch is None:
             return False
+        if isinstance(self.optimizer, HeldOptimizerState):  # a learner used as a library, stepped here
+            self.optimizer = self.optimizer.build(self.agent, self.config)
         result = train_on_batch(self.agent, self.optimizer, batch, self.config, self.metrics.train_steps)
         if not result.trained:  # --max_policy_lag
             self.dropped_lagging_batches += 1

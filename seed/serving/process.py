@@ -122,14 +122,18 @@ def serve(config: ServingConfig) -> None:
         stop.set()
 
     threading.Thread(target=watch_lifeline, name="lifeline", daemon=True).start()
+    # The shared-memory handover listens before gRPC does: an actor waits until gRPC answers and then tries the
+    # handover, so it must be there by then (the other order sent an actor that raced the learner's start to gRPC).
+    handover = _start_handover(config, service, stop)
     try:
         server, health, bound = start_grpc_server(service, config.addresses, config.max_workers,
                                                   security=config.security,
                                                   max_message_bytes=config.max_message_bytes)
     except (RuntimeError, ValueError) as error:
+        if handover is not None:
+            handover.close()
         events.send(error=str(error))
         sys.exit(3)
-    handover = _start_handover(config, service, stop)
     events.send(bound=bound)
     while not terminated[0] and not stop.wait(0.2):
         pass

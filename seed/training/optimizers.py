@@ -156,6 +156,14 @@ class HeldOptimizerState:
     def load_state_dict(self, state: dict[str, Any] | None) -> None:
         self.state = state
 
+    def build(self, agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer:
+        """The optimizer itself, from this state (a learner with --training_process stepped in its own process,
+        as a library may: `Learner.train_step`)."""
+        optimizer = make_optimizer(agent, config)
+        if self.state is not None:
+            optimizer.load_state_dict(self.state)
+        return optimizer
+
 
 def learner_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer | HeldOptimizerState:
     """The learner process's optimizer: the real one when it trains itself; with --training_process only its
