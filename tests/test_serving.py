@@ -82,15 +82,17 @@ def test_slot_is_marked_while_its_rows_are_written(slab):
 
 def test_batcher_takes_a_full_batch_without_waiting_for_the_timeout(slab):
     read_fd, write_fd = notify.new_request_channel()
-    batcher = notify.RequestBatcher(read_fd, slab, batch_rows=2 * K, timeout_s=30.0)
+    # A full batch returns at once; the partial one after it waits out the timeout (6 s) from its arrival.
+    batcher = notify.RequestBatcher(read_fd, slab, batch_rows=2 * K, timeout_s=6.0)
     for actor in (2, 0, 1):
         notify.send_request(write_fd, actor, slab.write_request(actor, 1, *_step(actor)[2:]))
     start = time.monotonic()
     actors, seqs = batcher.next_batch(1.0)
     assert actors.tolist() == [2, 0] and seqs.tolist() == [1, 1]  # arrival order; the third waits
-    assert time.monotonic() - start < 5.0
+    assert time.monotonic() - start < 3.0
     actors, _ = batcher.next_batch(0.0)  # the surplus request starts the next batch (timeout from its arrival)
     assert actors.tolist() == [1]
+    assert time.monotonic() - float(slab.arrival_s[1]) >= 6.0 - 1e-3
     os.close(read_fd), os.close(write_fd)
 
 
