@@ -28,9 +28,9 @@ run: install
 	launch/local.sh $(ARGS)
 
 # The suite on TEST_WORKERS processes (pytest-xdist; a file's tests stay on one worker, the longest files first:
-# tests/conftest.py). Two workers on 2 cores: the suite took 36 min serially in CI's terms and 27 min on 2 workers
-# here; 3 workers took as long and two tests missed their time bounds. One short learning test per agent is in
-# it; the longer learning checks and the soak are in `make test-learning`.
+# tests/conftest.py). Two workers on 2 cores: 20 min here (docs/performance/cpu/test_suite.md); 3 workers were no
+# faster and two tests missed their time bounds. One short learning test per agent is in it; the longer learning
+# checks and the soak are in `make test-learning`.
 TEST_WORKERS ?= 2
 test: install $(if $(SKIP_FOOTBALL),,football)
 	launch/install_test_tools.sh
