@@ -157,15 +157,20 @@ def make_learner(logdir: str, training_process: bool = False):
     return Learner(config)
 
 
+def train_in_process(learner, steps: int) -> None:
+    """`steps` optimizer steps of a learner built without the training process: they move every parameter and
+    fill Adam's moments."""
+    for _ in range(steps):
+        loss = sum((p * p).sum() for p in learner.parts.agent.network.parameters())
+        learner.parts.optimizer.zero_grad()
+        loss.backward()
+        learner.parts.optimizer.step()
+
+
 def test_resumed_learner_restores_parameters_optimizer_counters_and_serves_the_restored_network(tmp_path):
     logdir = str(tmp_path / "run")
     first = make_learner(logdir)
-    # Training that moves every parameter and fills Adam's moments.
-    for _ in range(3):
-        loss = sum((p * p).sum() for p in first.parts.agent.network.parameters())
-        first.parts.optimizer.zero_grad()
-        loss.backward()
-        first.parts.optimizer.step()
+    train_in_process(first, 3)
     first.parts.metrics.env_frames, first.parts.metrics.train_steps, first.parts.metrics.episodes = 1234, 3, 17
     first.checkpoint()
     first._close()
@@ -204,11 +209,7 @@ def test_with_the_training_process_the_learner_holds_only_the_optimizer_state(tm
 
     logdir = str(tmp_path / "run")
     first = make_learner(logdir)
-    for _ in range(2):
-        loss = sum((p * p).sum() for p in first.parts.agent.network.parameters())
-        first.parts.optimizer.zero_grad()
-        loss.backward()
-        first.parts.optimizer.step()
+    train_in_process(first, 2)
     first.checkpoint()
     first._close()
     _, saved = checkpoint.latest(logdir)
