@@ -61,7 +61,7 @@ from seed.runtime.supervised_thread import SupervisedThread
 from seed.training import data_parallel, liveness
 from seed.training.batch_workers import BatchWorkerDied, BatchWorkers
 from seed.training.liveness import TrainingFault, TrainingProgress, die_with_parent, step_allowance_s
-from seed.training.optimizers import HeldOptimizerState, make_optimizer
+from seed.training.optimizers import HeldOptimizerState
 from seed.training.shared_parameters import ParametersHalfWritten, SharedParameters
 from seed.training.update import train_on_batch
 
@@ -221,10 +221,8 @@ def _build_agent(spec: TrainingProcessSpec, device: torch.device) -> tuple[Any, 
     agent = type(spec.config).agent_class(spec.spec, spec.config)
     agent.load_state_dict(agent_state)
     agent.to(device)
-    optimizer = make_optimizer(agent, spec.config)
-    if optimizer_state is not None:  # None: a fresh start
-        optimizer.load_state_dict(optimizer_state)  # moves the moments to the parameters' device
-    return agent, optimizer
+    # The learner's optimizer state (None: a fresh start); loading it moves the moments to the parameters' device.
+    return agent, HeldOptimizerState(optimizer_state).build(agent, spec.config)
 
 
 def _command_loop(commands: Any, trainer: _Trainer) -> None:
