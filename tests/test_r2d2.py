@@ -149,6 +149,35 @@ def test_agent_rejects_burn_in_longer_than_unroll(tmp_path):
         Agent(make_spec("fake:vector"), config)
 
 
+def test_dueling_hidden_zero_is_the_minatar_papers_linear_q_head(tmp_path):
+    from seed.agents.r2d2.agent import DuelingQNetwork
+    from seed.envs import make_spec
+
+    spec = make_spec("minatar:asterix")
+    config = _config(tmp_path, env="minatar:asterix", network="minatar", use_lstm=False, burn_in=0,
+                     dueling_hidden=0)
+    network = DuelingQNetwork(spec, config)
+    features = 128 + spec.num_actions + 1  # fc 128, one-hot previous action, reward
+    conv, fc, head = 4 * 16 * 9 + 16, 16 * 8 * 8 * 128 + 128, features * spec.num_actions + spec.num_actions
+    assert sum(p.numel() for p in network.parameters()) == conv + fc + head
+    steps, batch = 3, 2
+    observation = torch.randint(0, 2, (steps, batch, 10, 10, 4), dtype=torch.bool)
+    prev_action, reward = torch.randint(0, 6, (steps, batch)), torch.rand(steps, batch)
+    done = torch.zeros(steps, batch, dtype=torch.bool)
+    q, _ = network(observation, prev_action, reward, done, network.initial_state(batch))
+    body, _ = network.body(observation, prev_action, reward, done, {})
+    torch.testing.assert_close(q, network.q_head(body))  # no dueling mean subtracted
+    assert q.shape == (steps, batch, spec.num_actions)
+    dueling = DuelingQNetwork(spec, _config(tmp_path, env="minatar:asterix", network="minatar", use_lstm=False,
+                                            burn_in=0, dueling_hidden=32))
+    assert dueling.value[0].out_features == 32 and not hasattr(dueling, "q_head")
+
+
+def test_negative_dueling_hidden_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--dueling_hidden: got -1, expected >= 0"):
+        _config(tmp_path, dueling_hidden=-1)
+
+
 def test_checkpoint_keeps_target_network_and_optionally_the_replay(tmp_path):
     learner = _learner(_config(tmp_path, checkpoint_replay=True, replay_ratio=1.0))
     for g in range(20):

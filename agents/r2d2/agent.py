@@ -30,7 +30,8 @@ from seed.envs.base import EnvSpec
 
 
 class DuelingQNetwork(nn.Module):
-    """AgentBody (raw reward and one-hot previous action into the LSTM) + dueling heads of 512 hidden units.
+    """AgentBody (raw reward and one-hot previous action into the LSTM) + dueling heads of `--dueling_hidden` hidden
+    units (512, the paper's), or with `--dueling_hidden=0` one linear layer to the Q-values (DQN's head).
 
     Init: Glorot uniform (the paper's), except the plain conv torsos (ORTHOGONAL_INIT_NETWORKS): orthogonal with
     gain sqrt(2), as the V-trace agent does.
@@ -44,10 +45,16 @@ class DuelingQNetwork(nn.Module):
         sizes = tuple(int(s) for s in config.mlp_sizes.split(",") if s)
         self.body = AgentBody(spec, network, config.network_width, config.use_lstm, config.lstm_size, sizes,
                               clip_reward_input=False)
-        hidden = 512 if network != "mlp" else max(sizes[-1] if sizes else 64, 64)
-        self.value = nn.Sequential(nn.Linear(self.body.output_size, hidden), nn.ReLU(), nn.Linear(hidden, 1))
-        self.advantage = nn.Sequential(nn.Linear(self.body.output_size, hidden), nn.ReLU(),
-                                       nn.Linear(hidden, spec.num_actions, bias=False))
+        hidden = config.dueling_hidden
+        if network == "mlp" and hidden > 0:
+            hidden = max(sizes[-1] if sizes else 64, 64)  # MLP bodies get heads of their own width
+        self.dueling = hidden > 0
+        if self.dueling:
+            self.value = nn.Sequential(nn.Linear(self.body.output_size, hidden), nn.ReLU(), nn.Linear(hidden, 1))
+            self.advantage = nn.Sequential(nn.Linear(self.body.output_size, hidden), nn.ReLU(),
+                                           nn.Linear(hidden, spec.num_actions, bias=False))
+        else:
+            self.q_head = nn.Linear(self.body.output_size, spec.num_actions)
         glorot_uniform_(self)
         if network in ORTHOGONAL_INIT_NETWORKS:
             # Glorot (the paper's init) on these torsos gives near-constant Atari features (orthogonal_init_).
@@ -58,6 +65,8 @@ class DuelingQNetwork(nn.Module):
 
     def forward(self, observation, prev_action, reward, done, state):
         features, new_state = self.body(observation, prev_action, reward, done, state)
+        if not self.dueling:
+            return self.q_head(features), new_state
         advantage = self.advantage(features)
         q = self.value(features) + advantage - advantage.mean(-1, keepdim=True)
         return q, new_state
@@ -72,6 +81,8 @@ class R2D2Agent(contract.Agent):
     @classmethod
     def check_config(cls, config: Any) -> None:
         check_network_options(config)
+        if config.dueling_hidden < 0:
+            raise ValueError(f"--dueling_hidden: got {config.dueling_hidden}, expected >= 0 (0: a linear Q head)")
 
     @classmethod
     def describe_config(cls, config: Any) -> dict[str, Any]:
