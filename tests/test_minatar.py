@@ -261,11 +261,13 @@ def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tm
 
 def test_r2d2_preset_is_a_dqn_of_the_minatar_paper_s_sizes(tmp_path):
     """minatar_r2d2's replay and target settings in the paper's transitions: 100K stored, 5K before training, a
-    target copy every 32K sampled; no LSTM, so no burn-in; 16 transitions sampled per agent step."""
+    target copy every 32K sampled; its linear Q head; no LSTM, so no burn-in; 16 transitions sampled per agent
+    step."""
     from seed.learner.configuration import resolve_config
 
     config = resolve_config({"logdir": str(tmp_path / "run"), "preset": "minatar_r2d2"})
     assert not config.use_lstm and config.burn_in == 0
+    assert config.dueling_hidden == 0  # the paper's head: one linear layer to the Q-values
     assert config.replay_capacity * config.unroll_length == 100_000
     assert config.replay_min_size * config.unroll_length == 5_000
     assert config.target_update_interval * config.batch_size * config.unroll_length == 32_000
