@@ -95,6 +95,14 @@ def test_runs_group_by_configuration_without_seed(three_runs):
     ]
 
 
+def test_a_number_typed_as_a_float_groups_with_the_same_integer(tmp_path):
+    a = write_run(tmp_path / "flag", SEED1, {**CONFIG, "seed": 0, "total_environment_frames": 1e6})
+    b = write_run(tmp_path / "preset", SEED1, {**CONFIG, "seed": 1, "total_environment_frames": 1_000_000})
+    c = write_run(tmp_path / "other", SEED1, {**CONFIG, "seed": 2, "total_environment_frames": 1_000_001.0})
+    groups = curves.group_runs([curves.load_run(logdir) for logdir in (a, b, c)])
+    assert [[os.path.basename(r.logdir) for r in runs] for _, runs in groups] == [["flag", "preset"], ["other"]]
+
+
 def test_group_seeds_false_draws_every_run_on_its_own(three_runs):
     groups = curves.group_runs([curves.load_run(logdir) for logdir in three_runs], group_seeds=False)
     assert [[os.path.basename(r.logdir) for r in runs] for _, runs in groups] == [["seed0"], ["seed1"], ["lr"]]

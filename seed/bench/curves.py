@@ -289,10 +289,16 @@ def parse_targets(values: list[str]) -> tuple[float, ...] | None:
 MAX_LABEL_KEYS = 3  # more differing values than this: the label is the logdir's name
 
 
+def _same_number(value: Any) -> Any:
+    """1e6 as 1000000: a flag typed as 1e6 and a preset's 1_000_000 are one configuration."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
 def group_key(run: Run) -> tuple:
     if run.config is None:
         return ("logdir", run.logdir, run.metric)
-    items = sorted((k, json.dumps(v, sort_keys=True)) for k, v in run.config.items() if k not in NOT_GROUPED)
+    items = sorted((k, json.dumps(_same_number(v), sort_keys=True)) for k, v in run.config.items()
+                   if k not in NOT_GROUPED)
     return ("config", tuple(items), run.metric)
 
 
