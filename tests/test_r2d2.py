@@ -364,6 +364,44 @@ def test_initial_priorities_use_the_stored_q_values_after_the_burn_in(tmp_path):
     assert priorities.tolist() == pytest.approx([0.9 * 1.0 + 0.1 * 0.75, 0.9 * 1.0 + 0.1 * 1.0])
 
 
+def test_annealed_epsilons_go_from_one_to_each_envs_own_on_training_rows_only():
+    from seed.agents.r2d2.r2d2 import annealed_epsilons
+
+    own = torch.tensor([0.4, 0.01, 0.001, 0.001])
+    training = torch.tensor([True, True, False, False])  # an eval row and a padded row keep their epsilon
+    for acted, remaining in ((0, 1.0), (25, 0.75), (100, 0.0), (500, 0.0)):
+        got = annealed_epsilons(own, training, torch.tensor(acted), 100)
+        want = torch.tensor([0.4 + 0.6 * remaining, 0.01 + 0.99 * remaining, 0.001, 0.001])
+        torch.testing.assert_close(got, want)
+
+
+def test_act_anneals_epsilons_over_the_training_envs_steps(tmp_path, monkeypatch):
+    from seed.inference.central import InferenceBatch
+
+    agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
+                        epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
+    env_ids = torch.tensor([0, 1, 2, 3, 4])  # 3 training envs, the eval env, a padded row
+    batch = InferenceBatch(env_ids, torch.tensor([[1.0, 0.0]] * 5), torch.zeros(5), torch.zeros(5, dtype=torch.bool),
+                           torch.zeros(5, dtype=torch.int64))
+    monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
+    # A draw of 0.95 explores while a training env's epsilon is above it: 1 at step 0, 0.5 + own / 2 after the
+    # first batch (3 of 6 steps), own after the second; the eval row (0.01) and the padded row never explore.
+    monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.95))
+    actions = [agent.act(_QFromObservation(), batch, {}).action.tolist() for _ in range(3)]
+    assert actions == [[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
+    assert int(agent.acted_on(torch.device("cpu"))) == 9  # training rows only
+    monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.69))  # 0.5 + 0.4 / 2 = 0.7
+    fresh = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
+                        epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
+    fresh.act(_QFromObservation(), batch, {})
+    assert fresh.act(_QFromObservation(), batch, {}).action.tolist() == [1, 0, 0, 0, 0]
+
+
+def test_negative_epsilon_anneal_steps_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="--epsilon_anneal_steps: got -5, expected >= 0"):
+        _config(tmp_path, epsilon_anneal_steps=-5)
+
+
 def test_act_explores_with_each_env_ids_own_epsilon(tmp_path, monkeypatch):
     from seed.inference.central import InferenceBatch
 

@@ -16,6 +16,7 @@ from seed.agents.networks import ORTHOGONAL_INIT_NETWORKS, AgentBody, glorot_uni
 from seed.agents.options import check_network_options
 from seed.agents.r2d2.config import R2D2Config
 from seed.agents.r2d2.r2d2 import (
+    annealed_epsilons,
     epsilon_schedule,
     inverse_value_rescale,
     n_step_targets,
@@ -83,6 +84,9 @@ class R2D2Agent(contract.Agent):
         check_network_options(config)
         if config.dueling_hidden < 0:
             raise ValueError(f"--dueling_hidden: got {config.dueling_hidden}, expected >= 0 (0: a linear Q head)")
+        if config.epsilon_anneal_steps < 0:
+            raise ValueError(f"--epsilon_anneal_steps: got {config.epsilon_anneal_steps}, expected >= 0 (0: R2D2's "
+                             "fixed epsilons)")
 
     @classmethod
     def describe_config(cls, config: Any) -> dict[str, Any]:
@@ -103,7 +107,9 @@ class R2D2Agent(contract.Agent):
         self.epsilons = torch.from_numpy(epsilon_schedule(
             config.num_envs, config.num_eval_envs, config.epsilon_base, config.epsilon_alpha,
             config.eval_epsilon)).float()
+        self.num_training_envs = config.num_envs - config.num_eval_envs
         self._device_epsilons: dict[torch.device, torch.Tensor] = {}
+        self._device_acted: dict[torch.device, torch.Tensor] = {}  # --epsilon_anneal_steps: steps acted so far
         self._device_epsilons_lock = threading.Lock()
 
     def initial_state(self, batch_size: int) -> State:
@@ -119,6 +125,17 @@ class R2D2Agent(contract.Agent):
         self.target_network.to(device)
         return self
 
+    def _on_device(self, store: dict[torch.device, torch.Tensor], device: torch.device, make) -> torch.Tensor:
+        """`store`'s tensor for `device`, made by `make(device)` at the first call for it and never rebound."""
+        device = torch.device(device)
+        tensor = store.get(device)
+        if tensor is None:
+            with self._device_epsilons_lock:
+                tensor = store.get(device)
+                if tensor is None:
+                    tensor = store[device] = make(device)
+        return tensor
+
     def epsilons_on(self, device: torch.device) -> torch.Tensor:
         """The per-env epsilons float32 [num_envs] on `device`, copied from `self.epsilons` at the first call
         for that device and never moved or freed afterwards.
@@ -126,23 +143,31 @@ class R2D2Agent(contract.Agent):
         Each inference device's thread (and the CUDA graphs it captures) reads its own copy, so no device
         ever reads a tensor that another device's thread replaced.
         """
-        device = torch.device(device)
-        epsilons = self._device_epsilons.get(device)
-        if epsilons is None:
-            with self._device_epsilons_lock:
-                epsilons = self._device_epsilons.get(device)
-                if epsilons is None:
-                    epsilons = self._device_epsilons[device] = self.epsilons.to(device, copy=True)
-        return epsilons
+        return self._on_device(self._device_epsilons, device, lambda d: self.epsilons.to(d, copy=True))
+
+    def acted_on(self, device: torch.device) -> torch.Tensor:
+        """int64 scalar on `device`: the training envs' agent steps that device's `act` has seen, which
+        --epsilon_anneal_steps anneals over (updated in place, so a captured CUDA graph counts too)."""
+        return self._on_device(self._device_acted, device, lambda d: torch.zeros((), dtype=torch.int64, device=d))
+
+    def _row_epsilons(self, env_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
+        """Each row's epsilon [B] for `act`, annealed with --epsilon_anneal_steps (and the step count advanced)."""
+        epsilons = self.epsilons_on(device)
+        # Padded rows of a fixed-size batch carry an env id past the last one: give them the last epsilon.
+        row_epsilons = epsilons[env_ids.clamp(max=len(epsilons) - 1)]
+        if self.config.epsilon_anneal_steps <= 0:
+            return row_epsilons
+        acted = self.acted_on(device)
+        training = env_ids < self.num_training_envs
+        row_epsilons = annealed_epsilons(row_epsilons, training, acted, self.config.epsilon_anneal_steps)
+        acted += training.sum()
+        return row_epsilons
 
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:
         q, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
                                batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
         q = q[0]
-        epsilons = self.epsilons_on(q.device)
-        # Padded rows of a fixed-size batch carry an env id past the last one: give them the last epsilon.
-        env_ids = batch.env_ids.clamp(max=len(epsilons) - 1)
-        explore = torch.rand(q.shape[0], device=q.device) < epsilons[env_ids]
+        explore = torch.rand(q.shape[0], device=q.device) < self._row_epsilons(batch.env_ids, q.device)
         random_action = torch.randint(0, q.shape[-1], (q.shape[0],), device=q.device)
         action = torch.where(explore, random_action, q.argmax(-1))
         return ActOutput(action=action, outputs={"q_values": q}, state=new_state)
