@@ -103,6 +103,22 @@ def test_a_number_typed_as_a_float_groups_with_the_same_integer(tmp_path):
     assert [[os.path.basename(r.logdir) for r in runs] for _, runs in groups] == [["flag", "preset"], ["other"]]
 
 
+def test_a_flag_an_older_run_lacks_groups_at_its_default_now(tmp_path):
+    """A run written before a flag existed (no key in its config.json) is a seed of the runs at its default."""
+    from seed.agents.vtrace.config import VTraceConfig
+
+    default = VTraceConfig.clip_rho_threshold
+    a = write_run(tmp_path / "older", SEED1, {**CONFIG, "seed": 0})
+    b = write_run(tmp_path / "at_default", SEED1, {**CONFIG, "seed": 1, "clip_rho_threshold": default})
+    c = write_run(tmp_path / "changed", SEED1, {**CONFIG, "seed": 2, "clip_rho_threshold": default + 1})
+    groups = curves.group_runs([curves.load_run(logdir) for logdir in (a, b, c)])
+    assert [[os.path.basename(r.logdir) for r in runs] for _, runs in groups] == [["older", "at_default"],
+                                                                                 ["changed"]]
+    assert "clip_rho_threshold=2.0" in groups[1][0]
+    unknown = {"agent": "not_registered", "env": "gym:CartPole-v1"}
+    assert curves.with_defaults_now(unknown) == unknown
+
+
 def test_group_seeds_false_draws_every_run_on_its_own(three_runs):
     groups = curves.group_runs([curves.load_run(logdir) for logdir in three_runs], group_seeds=False)
     assert [[os.path.basename(r.logdir) for r in runs] for _, runs in groups] == [["seed0"], ["seed1"], ["lr"]]

@@ -294,10 +294,33 @@ def _same_number(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
+def with_defaults_now(config: dict[str, Any]) -> dict[str, Any]:
+    """A run's configuration with every flag its config.json lacks at that flag's default now: a flag added after
+    the run was made, which it ran without, so an old run and a new one at the flag's default are one
+    configuration. The flags are the framework's and the run's agent's; with an agent not registered here the
+    configuration comes back as it is."""
+    from seed.agents import registry
+    from seed.config import learner_config_class
+
+    try:
+        fields = dataclasses.fields(learner_config_class(registry.agent_class(config.get("agent", ""))))
+    except ValueError:
+        return config
+    missing = {}
+    for field in fields:
+        if field.name in config:
+            continue
+        if field.default is not dataclasses.MISSING:
+            missing[field.name] = field.default
+        elif field.default_factory is not dataclasses.MISSING:
+            missing[field.name] = field.default_factory()
+    return {**config, **missing}
+
+
 def group_key(run: Run) -> tuple:
     if run.config is None:
         return ("logdir", run.logdir, run.metric)
-    items = sorted((k, json.dumps(_same_number(v), sort_keys=True)) for k, v in run.config.items()
+    items = sorted((k, json.dumps(_same_number(v), sort_keys=True)) for k, v in with_defaults_now(run.config).items()
                    if k not in NOT_GROUPED)
     return ("config", tuple(items), run.metric)
 
@@ -312,7 +335,7 @@ def group_runs(runs: list[Run], group_seeds: bool = True) -> list[tuple[str, lis
     for run in runs:
         key = group_key(run) if group_seeds else ("logdir", run.logdir, run.metric)
         groups.setdefault(key, []).append(run)
-    configs = [members[0].config or {} for members in groups.values()]
+    configs = [with_defaults_now(members[0].config or {}) for members in groups.values()]
     # Keys one configuration lacks (written by an older version) do not tell groups apart.
     differing = sorted({k for a in configs for b in configs if a.get("env") == b.get("env")
                         for k in set(a) & set(b) if k not in NOT_GROUPED and a.get(k) != b.get(k)})
