@@ -299,6 +299,19 @@ def test_targets_are_double_q_rescaled_n_step_returns_masked_by_validity(tmp_pat
     assert mask[:, 0].tolist() == [False, True, True]  # transition 0 starts on padding: no target
 
 
+def test_without_value_rescaling_targets_are_plain_double_q_n_step_returns(tmp_path):
+    agent = _tiny_agent(tmp_path, n_steps=2, discounting=0.5, value_rescaling=False)
+    q_target = torch.tensor([[1.0, 2.0, 50.0], [3.0, 4.0, 60.0], [5.0, 6.0, 70.0]], dtype=torch.float64)
+    q_online = torch.zeros(3, 1, 3, dtype=torch.float64)
+    q_online[:, 0, 1] = 1.0  # the online net picks action 1: the bootstrap is the target net's 2, 4, 6
+    segment = {"reward": torch.tensor([[0.0], [1.0], [2.0]], dtype=torch.float64),
+               "done": torch.zeros(3, 1, dtype=torch.bool), "truncated": torch.zeros(3, 1, dtype=torch.bool),
+               "valid": torch.ones(3, 1, dtype=torch.bool)}
+    targets, mask = agent._targets(q_online, q_target.unsqueeze(1), segment)
+    assert targets[:, 0].tolist() == pytest.approx([1 + 0.5 * 2 + 0.25 * 6, 2 + 0.5 * 6])
+    assert mask[:, 0].tolist() == [True, True]
+
+
 class _QFromObservation(torch.nn.Module):
     """A stand-in Q-network whose Q-values [T, B, A] are its observations: every value is set by hand."""
 

@@ -184,13 +184,18 @@ class R2D2Agent(contract.Agent):
 
     def _targets(self, q_online: torch.Tensor, q_target: torch.Tensor, segment: dict[str, torch.Tensor]
                  ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Rescaled n-step double-Q targets [T, B] and their mask for a segment of T + 1 steps."""
+        """n-step double-Q targets [T, B] (rescaled by h with --value_rescaling) and their mask for a segment of
+        T + 1 steps."""
         eps = self.config.value_rescaling_epsilon
         best = q_online.argmax(-1, keepdim=True)
-        bootstrap = inverse_value_rescale(q_target.gather(-1, best).squeeze(-1), eps)
+        bootstrap = q_target.gather(-1, best).squeeze(-1)
+        if self.config.value_rescaling:
+            bootstrap = inverse_value_rescale(bootstrap, eps)
         targets, mask = n_step_targets(segment["reward"], segment["done"], segment["truncated"], bootstrap,
                                        self.config.n_steps, self.config.discounting)
-        return value_rescale(targets, eps), mask & segment["valid"][:-1]
+        if self.config.value_rescaling:
+            targets = value_rescale(targets, eps)
+        return targets, mask & segment["valid"][:-1]
 
     @torch.no_grad()
     def initial_priorities(self, unrolls: list[Unroll]) -> np.ndarray:

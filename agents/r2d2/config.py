@@ -15,6 +15,8 @@ class R2D2Config(AgentConfig, NetworkOptions, ReplayOptions):
     dueling_hidden: int = option(512, "R2D2: hidden units of each dueling stream (value and advantage); 0: no "
                                       "dueling, one linear layer from the features to the Q-values (the MinAtar "
                                       "paper's DQN head). MLP bodies use max(64, the last MLP size) unless 0.")
+    value_rescaling: bool = option(True, "R2D2: learn Q in the rescaled space h(x) (R2D2's, for Atari's unclipped "
+                                         "rewards); false: plain n-step targets, as DQN on clipped or small rewards.")
     value_rescaling_epsilon: float = option(1e-3, "R2D2: eps of h(x) = sign(x)(sqrt(|x|+1)-1)+eps x.")
     epsilon_base: float = option(0.4, "R2D2: training env i of N explores with base^(1 + alpha i / (N - 1)).")
     epsilon_alpha: float = option(7.0, "R2D2: alpha of the epsilon schedule.")
