@@ -110,7 +110,7 @@ class R2D2Agent(contract.Agent):
         self.num_training_envs = config.num_envs - config.num_eval_envs
         self._device_epsilons: dict[torch.device, torch.Tensor] = {}
         self._device_acted: dict[torch.device, torch.Tensor] = {}  # --epsilon_anneal_steps: steps acted so far
-        self._device_epsilons_lock = threading.Lock()
+        self._device_tensors_lock = threading.Lock()  # guards both per-device stores
 
     def initial_state(self, batch_size: int) -> State:
         return self.network.initial_state(batch_size)
@@ -130,7 +130,7 @@ class R2D2Agent(contract.Agent):
         device = torch.device(device)
         tensor = store.get(device)
         if tensor is None:
-            with self._device_epsilons_lock:
+            with self._device_tensors_lock:
                 tensor = store.get(device)
                 if tensor is None:
                     tensor = store[device] = make(device)
