@@ -145,15 +145,15 @@ def test_random_states_load_and_so_do_numpy_1_files(tmp_path):
         assert torch.equal(loaded["torch"], states["torch"])
 
 
-def make_learner(logdir: str, training_process: bool = False):
+def make_learner(logdir: str, training_process: bool = False, **options):
     """A learner built (not started) on the fake vector env; without the training process by default, so that
     the test can step its optimizer."""
     from seed.learner.configuration import resolve_config
     from seed.learner.learner import Learner
 
-    config = resolve_config(dict(env="fake:vector", logdir=logdir, server_address=f"unix:{logdir}/s", num_actors=1,
-                                 envs_per_actor=2, inference_devices="cpu,cpu", torch_threads=1, keep_checkpoints=2,
-                                 training_process=training_process))
+    config = resolve_config({**dict(env="fake:vector", logdir=logdir, server_address=f"unix:{logdir}/s", num_actors=1,
+                                    envs_per_actor=2, inference_devices="cpu,cpu", torch_threads=1, keep_checkpoints=2,
+                                    training_process=training_process), **options})
     return Learner(config)
 
 
@@ -200,6 +200,23 @@ def test_resumed_learner_restores_parameters_optimizer_counters_and_serves_the_r
     finally:
         second._close()
         fresh._close()
+
+
+def test_a_resumed_r2d2_learner_anneals_epsilon_on_from_the_checkpoints_agent_steps(tmp_path):
+    """--epsilon_anneal_steps does not start again from epsilon 1 after a restart: every inference device counts
+    on from the training envs' share of the checkpoint's agent steps."""
+    logdir = str(tmp_path / "run")
+    options = dict(agent="r2d2", envs_per_actor=4, num_eval_envs=1, epsilon_anneal_steps=1000, replay_min_size=1)
+    first = make_learner(logdir, **options)
+    first.parts.metrics.env_frames = 400  # 400 agent steps of 4 envs (the fake env repeats no action)
+    first.checkpoint()
+    first._close()
+    second = make_learner(logdir, **options)
+    try:
+        assert [int(second.parts.agent.acted_on(inference.device)) for inference in second.parts.inferences] == [
+            300, 300]
+    finally:
+        second._close()
 
 
 def test_with_the_training_process_the_learner_holds_only_the_optimizer_state(tmp_path):

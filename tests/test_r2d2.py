@@ -410,6 +410,22 @@ def test_act_anneals_epsilons_over_the_training_envs_steps(tmp_path, monkeypatch
     assert fresh.act(_QFromObservation(), batch, {}).action.tolist() == [1, 0, 0, 0, 0]
 
 
+def test_a_resumed_agent_anneals_on_from_the_checkpoints_steps(tmp_path, monkeypatch):
+    from seed.inference.central import InferenceBatch
+
+    agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
+                        epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
+    agent.resume_acting(4)  # 4 agent steps of 4 envs, of which 3 train: 3 of the 6 annealing steps are done
+    assert int(agent.acted_on(torch.device("cpu"))) == 3
+    batch = InferenceBatch(torch.tensor([0, 1, 2]), torch.tensor([[1.0, 0.0]] * 3), torch.zeros(3),
+                           torch.zeros(3, dtype=torch.bool), torch.zeros(3, dtype=torch.int64))
+    monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
+    monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.69))  # env 0's: 0.5 + 0.4 / 2
+    assert agent.act(_QFromObservation(), batch, {}).action.tolist() == [1, 0, 0]
+    agent.resume_acting(8)  # a device that already counts is set too
+    assert int(agent.acted_on(torch.device("cpu"))) == 6
+
+
 def test_negative_epsilon_anneal_steps_is_refused(tmp_path):
     with pytest.raises(ValueError, match="--epsilon_anneal_steps: got -5, expected >= 0"):
         _config(tmp_path, epsilon_anneal_steps=-5)

@@ -110,6 +110,7 @@ class R2D2Agent(contract.Agent):
         self.num_training_envs = config.num_envs - config.num_eval_envs
         self._device_epsilons: dict[torch.device, torch.Tensor] = {}
         self._device_acted: dict[torch.device, torch.Tensor] = {}  # --epsilon_anneal_steps: steps acted so far
+        self._acted_before = 0  # training env steps acted before a resumed learner's start (resume_acting)
         self._device_tensors_lock = threading.Lock()  # guards both per-device stores
 
     def initial_state(self, batch_size: int) -> State:
@@ -147,8 +148,17 @@ class R2D2Agent(contract.Agent):
 
     def acted_on(self, device: torch.device) -> torch.Tensor:
         """int64 scalar on `device`: the training envs' agent steps that device's `act` has seen, which
-        --epsilon_anneal_steps anneals over (updated in place, so a captured CUDA graph counts too)."""
-        return self._on_device(self._device_acted, device, lambda d: torch.zeros((), dtype=torch.int64, device=d))
+        --epsilon_anneal_steps anneals over (updated in place, so a captured CUDA graph counts too), from the
+        steps of the run before a restart (`resume_acting`)."""
+        return self._on_device(self._device_acted, device,
+                               lambda d: torch.tensor(self._acted_before, dtype=torch.int64, device=d))
+
+    def resume_acting(self, agent_steps: int) -> None:
+        """A resumed learner's annealing goes on from where it was: of the checkpoint's `agent_steps` (all envs),
+        the training envs' share (their number over all envs') counts as acted on every inference device."""
+        self._acted_before = agent_steps * self.num_training_envs // self.config.num_envs
+        for acted in self._device_acted.values():
+            acted.fill_(self._acted_before)
 
     def _row_epsilons(self, env_ids: torch.Tensor, device: torch.device) -> torch.Tensor:
         """Each row's epsilon [B] for `act`, annealed with --epsilon_anneal_steps (and the step count advanced)."""

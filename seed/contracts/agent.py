@@ -202,6 +202,12 @@ class Agent(abc.ABC):
         """The evaluation policy on every row (seed-eval). Default: `act`."""
         return self.act(network, batch, state)
 
+    def resume_acting(self, agent_steps: int) -> None:
+        """Before the first `act` of a resumed learner: the agent steps all envs (training and evaluation) had
+        taken when its checkpoint was written, for schedules that `act` follows (R2D2's epsilon annealing).
+        Default: nothing."""
+        return None
+
     # ---- training ----
 
     @abc.abstractmethod

@@ -148,6 +148,7 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     metrics = LearnerMetrics(spec.action_repeat, **(restored["counters"] if restored else {}))
     if restored:
         restore_rng_states(restored.get("rng"))
+        agent.resume_acting(metrics.env_frames // spec.action_repeat)
     episodes = EpisodeRecorder(metrics, config.num_envs, config.num_eval_envs)
 
     experience = make_experience(config, agent, training_device, stop, episodes)
