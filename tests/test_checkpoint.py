@@ -219,6 +219,17 @@ def test_a_resumed_r2d2_learner_anneals_epsilon_on_from_the_checkpoints_agent_st
         second._close()
 
 
+def test_a_checkpoint_of_another_network_is_refused_naming_the_changed_flags(tmp_path):
+    """A run resumed with a preset whose network changed since (minatar_r2d2's dueling heads) says which flags
+    differ from the checkpoint's instead of torch's bare size mismatch."""
+    logdir = str(tmp_path / "run")
+    first = make_learner(logdir, agent="r2d2", dueling_hidden=16)
+    first.checkpoint()
+    first._close()
+    with pytest.raises(ValueError, match=r"checkpoint-00000001.pt does not fit .*--dueling_hidden: was 16, now 0"):
+        make_learner(logdir, agent="r2d2", dueling_hidden=0)
+
+
 def test_with_the_training_process_the_learner_holds_only_the_optimizer_state(tmp_path):
     """The training process owns the optimizer: the learner holds its state (None when fresh) and hands on a
     resumed one; a checkpoint without optimizer state resumes an in-process learner with a fresh optimizer."""

@@ -28,12 +28,26 @@ def resume(config: LearnerConfig, agent: Any,
     if not found:
         return None
     path, restored = found
-    agent.load_state_dict(restored["agent"])
+    try:
+        agent.load_state_dict(restored["agent"])
+    except (RuntimeError, KeyError) as error:  # torch's "size mismatch" / "Missing key(s)", or a missing part
+        raise ValueError(f"--logdir {config.logdir}: its checkpoint {path} does not fit the agent this "
+                         f"configuration builds ({changed_flags(restored.get('config') or {}, vars(config))}); "
+                         f"resume with the checkpoint's flags or use a new --logdir. {error}") from error
     load_optimizer_state(optimizer, restored["optimizer"])
     counters = restored["counters"]
     print(f"[learner] resumed from {path}: "
           f"env_frames={counters['env_frames']:,} train_steps={counters['train_steps']:,}", flush=True)
     return restored
+
+
+def changed_flags(saved: dict[str, Any], now: dict[str, Any]) -> str:
+    """The flags whose values differ between a checkpoint's configuration and this one, as "--name: was X, now
+    Y" (paths and addresses left out: they may move with a resumed run)."""
+    moved = {"logdir", "server_address", "server_addresses"}
+    changed = [f"--{name}: was {saved[name]!r}, now {now[name]!r}" for name in sorted(saved.keys() & now.keys())
+               if name not in moved and saved[name] != now[name]]
+    return "; ".join(changed) if changed else "no flag differs"
 
 
 class LearnerCheckpointer:
