@@ -402,7 +402,7 @@ def test_act_anneals_epsilons_over_the_training_envs_steps(tmp_path, monkeypatch
     monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.95))
     actions = [agent.act(_QFromObservation(), batch, {}).action.tolist() for _ in range(3)]
     assert actions == [[1, 1, 1, 0, 0], [0, 0, 0, 0, 0], [0, 0, 0, 0, 0]]
-    assert int(agent.acted_on(torch.device("cpu"))) == 9  # training rows only
+    assert agent.acted_on(torch.device("cpu")).tolist() == [3, 3, 3, 0]  # per env id: training envs only
     monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.69))  # 0.5 + 0.4 / 2 = 0.7
     fresh = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
@@ -410,20 +410,39 @@ def test_act_anneals_epsilons_over_the_training_envs_steps(tmp_path, monkeypatch
     assert fresh.act(_QFromObservation(), batch, {}).action.tolist() == [1, 0, 0, 0, 0]
 
 
+def test_annealing_counts_each_envs_own_steps(tmp_path, monkeypatch):
+    """An env anneals over its own steps times the number of training envs, whichever device or batch serves
+    it: env 0 after 2 steps is at 2 x 3 = 6 of 6 (its own epsilon) while env 1, never served, is still at 1."""
+    from seed.inference.central import InferenceBatch
+
+    agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
+                        epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
+    only_env_0 = InferenceBatch(torch.tensor([0]), torch.tensor([[1.0, 0.0]]), torch.zeros(1),
+                                torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.int64))
+    for _ in range(2):
+        agent.act(_QFromObservation(), only_env_0, {})
+    assert agent.acted_on(torch.device("cpu")).tolist() == [2, 0, 0, 0]
+    monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
+    monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.5))
+    both = InferenceBatch(torch.tensor([0, 1]), torch.tensor([[1.0, 0.0]] * 2), torch.zeros(2),
+                          torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.int64))
+    assert agent.act(_QFromObservation(), both, {}).action.tolist() == [0, 1]  # env 0 at 0.4, env 1 at 1
+
+
 def test_a_resumed_agent_anneals_on_from_the_checkpoints_steps(tmp_path, monkeypatch):
     from seed.inference.central import InferenceBatch
 
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
-    agent.resume_acting(4)  # 4 agent steps of 4 envs, of which 3 train: 3 of the 6 annealing steps are done
-    assert int(agent.acted_on(torch.device("cpu"))) == 3
+    agent.resume_acting(4)  # 4 agent steps of 4 envs: one each, so 3 of the 3 training envs' 6 annealing steps
+    assert agent.acted_on(torch.device("cpu")).tolist() == [1, 1, 1, 1]
     batch = InferenceBatch(torch.tensor([0, 1, 2]), torch.tensor([[1.0, 0.0]] * 3), torch.zeros(3),
                            torch.zeros(3, dtype=torch.bool), torch.zeros(3, dtype=torch.int64))
     monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
     monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.69))  # env 0's: 0.5 + 0.4 / 2
     assert agent.act(_QFromObservation(), batch, {}).action.tolist() == [1, 0, 0]
     agent.resume_acting(8)  # a device that already counts is set too
-    assert int(agent.acted_on(torch.device("cpu"))) == 6
+    assert agent.acted_on(torch.device("cpu")).tolist() == [2, 2, 2, 2]
 
 
 def test_negative_epsilon_anneal_steps_is_refused(tmp_path):

@@ -109,8 +109,8 @@ class R2D2Agent(contract.Agent):
             config.eval_epsilon)).float()
         self.num_training_envs = config.num_envs - config.num_eval_envs
         self._device_epsilons: dict[torch.device, torch.Tensor] = {}
-        self._device_acted: dict[torch.device, torch.Tensor] = {}  # --epsilon_anneal_steps: steps acted so far
-        self._acted_before = 0  # training env steps acted before a resumed learner's start (resume_acting)
+        self._device_acted: dict[torch.device, torch.Tensor] = {}  # --epsilon_anneal_steps: each env's steps
+        self._acted_before = 0  # each env's steps before a resumed learner's start (resume_acting)
         self._device_tensors_lock = threading.Lock()  # guards both per-device stores
 
     def initial_state(self, batch_size: int) -> State:
@@ -147,16 +147,17 @@ class R2D2Agent(contract.Agent):
         return self._on_device(self._device_epsilons, device, lambda d: self.epsilons.to(d, copy=True))
 
     def acted_on(self, device: torch.device) -> torch.Tensor:
-        """int64 scalar on `device`: the training envs' agent steps that device's `act` has seen, which
-        --epsilon_anneal_steps anneals over (updated in place, so a captured CUDA graph counts too), from the
-        steps of the run before a restart (`resume_acting`)."""
-        return self._on_device(self._device_acted, device,
-                               lambda d: torch.tensor(self._acted_before, dtype=torch.int64, device=d))
+        """int64 [num_envs] on `device`: per env id, the agent steps of that training env which that device's
+        `act` has seen (evaluation envs stay 0), from the steps before a restart (`resume_acting`). Each env
+        acts on one inference device only, so its count is its whole count however many devices there are.
+        Updated in place, so a captured CUDA graph counts too."""
+        return self._on_device(self._device_acted, device, lambda d: torch.full(
+            (self.config.num_envs,), self._acted_before, dtype=torch.int64, device=d))
 
     def resume_acting(self, agent_steps: int) -> None:
-        """A resumed learner's annealing goes on from where it was: of the checkpoint's `agent_steps` (all envs),
-        the training envs' share (their number over all envs') counts as acted on every inference device."""
-        self._acted_before = agent_steps * self.num_training_envs // self.config.num_envs
+        """A resumed learner's annealing goes on from where it was: each env counts as having taken its share
+        (1 / num_envs) of the checkpoint's `agent_steps`."""
+        self._acted_before = agent_steps // self.config.num_envs
         for acted in self._device_acted.values():
             acted.fill_(self._acted_before)
 
@@ -164,13 +165,16 @@ class R2D2Agent(contract.Agent):
         """Each row's epsilon [B] for `act`, annealed with --epsilon_anneal_steps (and the step count advanced)."""
         epsilons = self.epsilons_on(device)
         # Padded rows of a fixed-size batch carry an env id past the last one: give them the last epsilon.
-        row_epsilons = epsilons[env_ids.clamp(max=len(epsilons) - 1)]
+        rows = env_ids.clamp(max=len(epsilons) - 1)
+        row_epsilons = epsilons[rows]
         if self.config.epsilon_anneal_steps <= 0:
             return row_epsilons
         acted = self.acted_on(device)
         training = env_ids < self.num_training_envs
-        row_epsilons = annealed_epsilons(row_epsilons, training, acted, self.config.epsilon_anneal_steps)
-        acted += training.sum()
+        # All training envs' steps together: the row's env's own steps times their number (envs step at one rate).
+        row_epsilons = annealed_epsilons(row_epsilons, training, acted[rows] * self.num_training_envs,
+                                         self.config.epsilon_anneal_steps)
+        acted.index_add_(0, rows, training.long())
         return row_epsilons
 
     def act(self, network: nn.Module, batch: InferenceBatch, state: State) -> ActOutput:

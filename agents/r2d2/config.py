@@ -22,7 +22,8 @@ class R2D2Config(AgentConfig, NetworkOptions, ReplayOptions):
     epsilon_alpha: float = option(7.0, "R2D2: alpha of the epsilon schedule.")
     epsilon_anneal_steps: int = option(0, "R2D2: anneal each training env's epsilon linearly from 1 down to its own "
                                           "(the schedule above) over this many agent steps of all training envs "
-                                          "together, counted by each inference device from its start (DQN anneals "
+                                          "together (each env's own steps times their number; a resumed learner "
+                                          "goes on from its checkpoint's steps; DQN anneals "
                                           "1 -> 0.1 over its first 1M frames, the MinAtar paper's over 100K); "
                                           "0 = off, R2D2's fixed epsilons.")
     eval_epsilon: float = option(1e-3, "R2D2: epsilon of eval envs.")
