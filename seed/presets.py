@@ -201,15 +201,18 @@ PRESETS: dict[str, dict[str, Any]] = {
     # R2D2 as a DQN on MinAtar (issue 50's model-free baseline): the MinAtar paper's DQN network (conv 16 3x3, fc 128,
     # one linear layer to the Q-values: R2D2's dueling heads of 512 held Asterix at 1.2 at 500K agent steps, this
     # head 3.2, and update 30% faster; docs/learning/minatar_r2d2.md) without an LSTM (so no burn-in), its replay of
-    # 100K transitions (10K sequences of 10) filled to 5K (500 sequences) before training, its discount 0.99 and
-    # Adam at its lr 2.5e-4; 3-step double-Q targets, R2D2's prioritized sequence replay and per-env epsilons; a
-    # target copy every 100 updates of 32 x 10 transitions (the paper's 1,000 updates of 32). Replay ratio 16
-    # sequences per sequence inserted (16 sampled transitions per agent step, half the paper's 32): 1M agent steps
-    # in about 18 minutes on 2 cores.
+    # 100K transitions (10K sequences of 10) filled to 5K (500 sequences) before training, its discount 0.99,
+    # Adam at its lr 2.5e-4, its plain targets (no value rescaling: h(x) held Asterix) and its exploration (epsilon
+    # 0.1 on every training env, annealed from 1 over the first 100K agent steps: R2D2's per-env epsilons of 0.4
+    # down to 0.0016 learnt less on Asterix and Freeway); 3-step double-Q targets and R2D2's prioritized sequence
+    # replay; a target copy every 100 updates of 32 x 10 transitions (the paper's 1,000 updates of 32). Replay
+    # ratio 16 sequences per sequence inserted (16 sampled transitions per agent step, half the paper's 32): 1M
+    # agent steps in about 16 minutes on 2 cores.
     "minatar_r2d2": dict(
         agent="r2d2", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2, network="minatar",
         dueling_hidden=0, use_lstm=False, burn_in=0, unroll_length=10, n_steps=3, batch_size=32, replay_capacity=10_000,
         replay_min_size=500, replay_ratio=16.0, target_update_interval=100, learning_rate=2.5e-4,
+        value_rescaling=False, epsilon_base=0.1, epsilon_alpha=0.0, epsilon_anneal_steps=100_000,
         discounting=0.99, total_environment_frames=1_000_000, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
     # SAC on HalfCheetah-v5 for a 2-core CPU machine: CleanRL's sac_continuous_action (the agent's defaults: MLPs of
@@ -287,8 +290,9 @@ PRESET_SOURCES: dict[str, str] = {
                       "256-wide SimSiam projection) sized from one update's CPU time to run 100K agent steps in "
                       "under an hour on 2 cores (docs/learning/README.md, MinAtar).",
     "minatar_r2d2": "the MinAtar paper's DQN settings (network and its linear Q head, 100K-transition replay from 5K, "
-                    "discount, lr 2.5e-4, target every 32K sampled transitions) in R2D2's machinery without the "
-                    "LSTM: 3-step double-Q targets, prioritized sequences of 10, replay ratio 16 "
+                    "discount, lr 2.5e-4, target every 32K sampled transitions, plain targets, epsilon 0.1 annealed "
+                    "from 1 over 100K steps) in R2D2's machinery without the LSTM: 3-step double-Q targets, "
+                    "prioritized sequences of 10, replay ratio 16 "
                     "(docs/learning/minatar_r2d2.md).",
     "halfcheetah_sac": "CleanRL's sac_continuous_action defaults (cleanrl/sac_continuous_action.py: batch 256, "
                        "gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy frequency 2, learning starts 5e3, "
