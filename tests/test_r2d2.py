@@ -323,6 +323,15 @@ class _QFromObservation(torch.nn.Module):
         return observation * self.scale, state
 
 
+def _vector_batch(env_ids: list[int]):
+    """An inference batch of `env_ids`, each row observing [1, 0] (`_QFromObservation` then prefers action 0)."""
+    from seed.inference.central import InferenceBatch
+
+    n = len(env_ids)
+    return InferenceBatch(torch.tensor(env_ids), torch.tensor([[1.0, 0.0]] * n), torch.zeros(n),
+                          torch.zeros(n, dtype=torch.bool), torch.zeros(n, dtype=torch.int64))
+
+
 def _hand_batch(with_burn_in=0):
     """Two sequences of T + 1 = 3 steps, A = 2, n = 1, discount 0.5, no value rescaling (eps = 0), so that
     h(x) = sqrt(x + 1) - 1 and h^-1(1) = 3, h^-1(2) = 8, h(3) = 1.
@@ -389,13 +398,10 @@ def test_annealed_epsilons_go_from_one_to_each_envs_own_on_training_rows_only():
 
 
 def test_act_anneals_epsilons_over_the_training_envs_steps(tmp_path, monkeypatch):
-    from seed.inference.central import InferenceBatch
 
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
-    env_ids = torch.tensor([0, 1, 2, 3, 4])  # 3 training envs, the eval env, a padded row
-    batch = InferenceBatch(env_ids, torch.tensor([[1.0, 0.0]] * 5), torch.zeros(5), torch.zeros(5, dtype=torch.bool),
-                           torch.zeros(5, dtype=torch.int64))
+    batch = _vector_batch([0, 1, 2, 3, 4])  # 3 training envs, the eval env, a padded row
     monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
     # A draw of 0.95 explores while a training env's epsilon is above it: 1 at step 0, 0.5 + own / 2 after the
     # first batch (3 of 6 steps), own after the second; the eval row (0.01) and the padded row never explore.
@@ -413,31 +419,26 @@ def test_act_anneals_epsilons_over_the_training_envs_steps(tmp_path, monkeypatch
 def test_annealing_counts_each_envs_own_steps(tmp_path, monkeypatch):
     """An env anneals over its own steps times the number of training envs, whichever device or batch serves
     it: env 0 after 2 steps is at 2 x 3 = 6 of 6 (its own epsilon) while env 1, never served, is still at 1."""
-    from seed.inference.central import InferenceBatch
 
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
-    only_env_0 = InferenceBatch(torch.tensor([0]), torch.tensor([[1.0, 0.0]]), torch.zeros(1),
-                                torch.zeros(1, dtype=torch.bool), torch.zeros(1, dtype=torch.int64))
+    only_env_0 = _vector_batch([0])
     for _ in range(2):
         agent.act(_QFromObservation(), only_env_0, {})
     assert agent.acted_on(torch.device("cpu")).tolist() == [2, 0, 0, 0]
     monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
     monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.5))
-    both = InferenceBatch(torch.tensor([0, 1]), torch.tensor([[1.0, 0.0]] * 2), torch.zeros(2),
-                          torch.zeros(2, dtype=torch.bool), torch.zeros(2, dtype=torch.int64))
+    both = _vector_batch([0, 1])
     assert agent.act(_QFromObservation(), both, {}).action.tolist() == [0, 1]  # env 0 at 0.4, env 1 at 1
 
 
 def test_a_resumed_agent_anneals_on_from_the_checkpoints_steps(tmp_path, monkeypatch):
-    from seed.inference.central import InferenceBatch
 
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
     agent.resume_acting(4)  # 4 agent steps of 4 envs: one each, so 3 of the 3 training envs' 6 annealing steps
     assert agent.acted_on(torch.device("cpu")).tolist() == [1, 1, 1, 1]
-    batch = InferenceBatch(torch.tensor([0, 1, 2]), torch.tensor([[1.0, 0.0]] * 3), torch.zeros(3),
-                           torch.zeros(3, dtype=torch.bool), torch.zeros(3, dtype=torch.int64))
+    batch = _vector_batch([0, 1, 2])
     monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
     monkeypatch.setattr(torch, "rand", lambda n, device=None: torch.full((n,), 0.69))  # env 0's: 0.5 + 0.4 / 2
     assert agent.act(_QFromObservation(), batch, {}).action.tolist() == [1, 0, 0]
@@ -451,16 +452,13 @@ def test_negative_epsilon_anneal_steps_is_refused(tmp_path):
 
 
 def test_act_explores_with_each_env_ids_own_epsilon(tmp_path, monkeypatch):
-    from seed.inference.central import InferenceBatch
 
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01)
     # 3 training envs: 0.4^(1 + 7 i / 2) for i = 0, 1, 2; env 3 is the eval env; row 4 is a padded row past
     # the last env id (it gets the last epsilon).
     epsilons = [0.4, 0.4 ** 4.5, 0.4 ** 8, 0.01, 0.01]
-    env_ids = torch.tensor([0, 1, 2, 3, 4])
-    batch = InferenceBatch(env_ids, torch.tensor([[1.0, 0.0]] * 5), torch.zeros(5), torch.zeros(5, dtype=torch.bool),
-                           torch.zeros(5, dtype=torch.int64))
+    batch = _vector_batch([0, 1, 2, 3, 4])
     monkeypatch.setattr(torch, "randint", lambda low, high, size, device=None: torch.ones(size, dtype=torch.int64))
     for factor, explores in ((0.99, True), (1.01, False)):  # a draw just under / just over each env's epsilon
         draws = torch.tensor(epsilons) * factor

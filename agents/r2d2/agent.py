@@ -148,9 +148,9 @@ class R2D2Agent(contract.Agent):
 
     def acted_on(self, device: torch.device) -> torch.Tensor:
         """int64 [num_envs] on `device`: per env id, the agent steps of that training env which that device's
-        `act` has seen (evaluation envs stay 0), from the steps before a restart (`resume_acting`). Each env
-        acts on one inference device only, so its count is its whole count however many devices there are.
-        Updated in place, so a captured CUDA graph counts too."""
+        `act` has seen (evaluation envs' steps are not counted), from the steps before a restart
+        (`resume_acting`). Each env acts on one inference device only, so its count is its whole count however
+        many devices there are. Updated in place, so a captured CUDA graph counts too."""
         return self._on_device(self._device_acted, device, lambda d: torch.full(
             (self.config.num_envs,), self._acted_before, dtype=torch.int64, device=d))
 

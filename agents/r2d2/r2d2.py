@@ -94,8 +94,7 @@ def epsilon_schedule(num_envs: int, num_eval_envs: int, base: float = 0.4, alpha
 def annealed_epsilons(epsilons: torch.Tensor, training: torch.Tensor, acted: torch.Tensor, anneal_steps: int
                       ) -> torch.Tensor:
     """Row epsilons [B] after `acted` (a scalar or per-row [B] tensor) agent steps of the training envs: on the
-    `training` rows
-    [B] the line from 1 at step 0 to the row's own epsilon at `anneal_steps` (and after it), DQN's annealing ending
-    at each env's epsilon of `epsilon_schedule`; other rows (evaluation, padding) unchanged."""
+    `training` rows [B] the line from 1 at step 0 to the row's own epsilon at `anneal_steps` (and after it), DQN's
+    annealing ending at each env's epsilon of `epsilon_schedule`; other rows (evaluation, padding) unchanged."""
     remaining = (1.0 - acted.to(epsilons.dtype) / anneal_steps).clamp(min=0.0)
     return torch.where(training, epsilons + (1.0 - epsilons) * remaining, epsilons)

@@ -43,10 +43,10 @@ def resume(config: LearnerConfig, agent: Any,
 
 def changed_flags(saved: dict[str, Any], now: dict[str, Any]) -> str:
     """The flags whose values differ between a checkpoint's configuration and this one, as "--name: was X, now
-    Y" (paths and addresses left out: they may move with a resumed run)."""
-    moved = {"logdir", "server_address", "server_addresses"}
+    Y" (the run's paths left out: they may move with a resumed run; the token never shown)."""
+    left_out = {"logdir", "server_address", "auth_token"}
     changed = [f"--{name}: was {saved[name]!r}, now {now[name]!r}" for name in sorted(saved.keys() & now.keys())
-               if name not in moved and saved[name] != now[name]]
+               if name not in left_out and saved[name] != now[name]]
     return "; ".join(changed) if changed else "no flag differs"
 
 
