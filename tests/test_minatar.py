@@ -262,7 +262,7 @@ def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tm
 def test_r2d2_preset_is_a_dqn_of_the_minatar_paper_s_sizes(tmp_path):
     """minatar_r2d2's replay and target settings in the paper's transitions: 100K stored, 5K before training, a
     target copy every 32K sampled; its linear Q head and plain targets; its exploration (every training env at
-    epsilon 0.1 after 100K agent steps annealed from 1); no LSTM, so no burn-in; 16 transitions sampled per agent
+    epsilon 0.1 after 100K agent steps annealed from 1); no LSTM, so no burn-in; 8 transitions sampled per agent
     step."""
     from seed.agents.r2d2.r2d2 import epsilon_schedule
     from seed.learner.configuration import resolve_config
@@ -273,7 +273,7 @@ def test_r2d2_preset_is_a_dqn_of_the_minatar_paper_s_sizes(tmp_path):
     assert config.replay_capacity * config.unroll_length == 100_000
     assert config.replay_min_size * config.unroll_length == 5_000
     assert config.target_update_interval * config.batch_size * config.unroll_length == 32_000
-    assert config.replay_ratio == 16.0 and config.total_environment_frames == 1_000_000
+    assert config.replay_ratio == 8.0 and config.total_environment_frames == 1_000_000
     assert not config.value_rescaling
     epsilons = epsilon_schedule(config.num_envs, config.num_eval_envs, config.epsilon_base, config.epsilon_alpha,
                                 config.eval_epsilon)
