@@ -204,14 +204,16 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 100K transitions (10K sequences of 10) filled to 5K (500 sequences) before training, its discount 0.99,
     # Adam at its lr 2.5e-4, its plain targets (no value rescaling: h(x) held Asterix) and its exploration (epsilon
     # 0.1 on every training env, annealed from 1 over the first 100K agent steps: R2D2's per-env epsilons of 0.4
-    # down to 0.0016 learnt less on Asterix and Freeway); 3-step double-Q targets and R2D2's prioritized sequence
-    # replay; a target copy every 100 updates of 32 x 10 transitions (the paper's 1,000 updates of 32). Replay
-    # ratio 8 sequences per sequence inserted (8 sampled transitions per agent step, a quarter of the paper's 32:
-    # ratio 16 learnt less on Asterix and Freeway, 32 less still): 1M agent steps in about 10 minutes on 2 cores.
+    # down to 0.0016 learnt less on Asterix and Freeway) and its uniform replay (R2D2's prioritized sequence replay
+    # held Freeway at 36 and Asterix at 12.7); 3-step double-Q targets on sequences of 10; a target copy every 100
+    # updates of 32 x 10 transitions (the paper's 1,000 updates of 32). Replay ratio 8 sequences per sequence
+    # inserted (8 sampled transitions per agent step, a quarter of the paper's 32: ratio 16 learnt less on Asterix
+    # and Freeway, 32 less still): 1M agent steps in 6-10 minutes on 2 cores.
     "minatar_r2d2": dict(
         agent="r2d2", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2, network="minatar",
         dueling_hidden=0, use_lstm=False, burn_in=0, unroll_length=10, n_steps=3, batch_size=32, replay_capacity=10_000,
-        replay_min_size=500, replay_ratio=8.0, target_update_interval=100, learning_rate=2.5e-4,
+        replay_min_size=500, replay_ratio=8.0, priority_exponent=0.0, importance_sampling_exponent=0.0,
+        target_update_interval=100, learning_rate=2.5e-4,
         value_rescaling=False, epsilon_base=0.1, epsilon_alpha=0.0, epsilon_anneal_steps=100_000,
         discounting=0.99, total_environment_frames=1_000_000, log_interval_s=30.0, checkpoint_interval_s=300.0,
     ),
@@ -291,8 +293,8 @@ PRESET_SOURCES: dict[str, str] = {
                       "under an hour on 2 cores (docs/learning/README.md, MinAtar).",
     "minatar_r2d2": "the MinAtar paper's DQN settings (network and its linear Q head, 100K-transition replay from 5K, "
                     "discount, lr 2.5e-4, target every 32K sampled transitions, plain targets, epsilon 0.1 annealed "
-                    "from 1 over 100K steps) in R2D2's machinery without the LSTM: 3-step double-Q targets, "
-                    "prioritized sequences of 10, replay ratio 8 "
+                    "from 1 over 100K steps, uniform replay) in R2D2's machinery without the LSTM: 3-step double-Q "
+                    "targets on sequences of 10, replay ratio 8 "
                     "(docs/learning/minatar_r2d2.md).",
     "halfcheetah_sac": "CleanRL's sac_continuous_action defaults (cleanrl/sac_continuous_action.py: batch 256, "
                        "gamma 0.99, q lr 1e-3, policy lr 3e-4, tau 0.005, policy frequency 2, learning starts 5e3, "

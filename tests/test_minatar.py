@@ -262,8 +262,8 @@ def test_presets_train_breakout_on_the_minatar_network_and_env_picks_the_game(tm
 def test_r2d2_preset_is_a_dqn_of_the_minatar_paper_s_sizes(tmp_path):
     """minatar_r2d2's replay and target settings in the paper's transitions: 100K stored, 5K before training, a
     target copy every 32K sampled; its linear Q head and plain targets; its exploration (every training env at
-    epsilon 0.1 after 100K agent steps annealed from 1); no LSTM, so no burn-in; 8 transitions sampled per agent
-    step."""
+    epsilon 0.1 after 100K agent steps annealed from 1); its uniform replay (no priorities, importance weights all
+    1); no LSTM, so no burn-in; 8 transitions sampled per agent step."""
     from seed.agents.r2d2.r2d2 import epsilon_schedule
     from seed.learner.configuration import resolve_config
 
@@ -275,6 +275,7 @@ def test_r2d2_preset_is_a_dqn_of_the_minatar_paper_s_sizes(tmp_path):
     assert config.target_update_interval * config.batch_size * config.unroll_length == 32_000
     assert config.replay_ratio == 8.0 and config.total_environment_frames == 1_000_000
     assert not config.value_rescaling
+    assert config.priority_exponent == 0.0 and config.importance_sampling_exponent == 0.0
     epsilons = epsilon_schedule(config.num_envs, config.num_eval_envs, config.epsilon_base, config.epsilon_alpha,
                                 config.eval_epsilon)
     np.testing.assert_allclose(epsilons[:config.num_envs - config.num_eval_envs], 0.1)

@@ -55,6 +55,23 @@ def test_importance_weights_follow_the_formula():
     assert sample.unrolls.initial_state["h"][:, 0].tolist() == sample.indices.astype(float).tolist()
 
 
+def test_priority_exponent_zero_samples_uniformly_with_unit_weights():
+    """--priority_exponent=0 --importance_sampling_exponent=0 (minatar_r2d2's, DQN's uniform replay): every stored
+    sequence equally likely whatever its priority, before and after updates (a zero priority too), weights all 1."""
+    replay = PrioritizedReplay(capacity=4, priority_exponent=0.0, importance_sampling_exponent=0.0, min_size=1,
+                               replay_ratio=1e9, batch_size=64, seed=3, max_insert_lead=100)
+    replay.insert([_unroll(i) for i in range(4)], np.array([0.0, 1e-6, 1.0, 100.0]))
+    draws = []
+    for round_ in range(400):
+        sample = replay.sample(timeout_s=1)
+        assert sample.importance_weights.tolist() == [1.0] * 64
+        draws.append(sample.indices)
+        if round_ == 200:
+            replay.update_priorities(sample.indices, np.full(64, 50.0) * (sample.indices == 3), sample.generations)
+    frequencies = np.bincount(np.concatenate(draws), minlength=4) / (400 * 64)
+    np.testing.assert_allclose(frequencies, 0.25, atol=0.01)
+
+
 def test_priority_update_changes_sampling():
     replay = PrioritizedReplay(capacity=3, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=1,
                                replay_ratio=1e9, batch_size=30, seed=2, max_insert_lead=100)
