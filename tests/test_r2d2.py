@@ -398,7 +398,6 @@ def test_annealed_epsilons_go_from_one_to_each_envs_own_on_training_rows_only():
 
 
 def test_act_anneals_epsilons_over_the_training_envs_steps(tmp_path, monkeypatch):
-
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
     batch = _vector_batch([0, 1, 2, 3, 4])  # 3 training envs, the eval env, a padded row
@@ -419,7 +418,6 @@ def test_act_anneals_epsilons_over_the_training_envs_steps(tmp_path, monkeypatch
 def test_annealing_counts_each_envs_own_steps(tmp_path, monkeypatch):
     """An env anneals over its own steps times the number of training envs, whichever device or batch serves
     it: env 0 after 2 steps is at 2 x 3 = 6 of 6 (its own epsilon) while env 1, never served, is still at 1."""
-
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
     only_env_0 = _vector_batch([0])
@@ -433,7 +431,6 @@ def test_annealing_counts_each_envs_own_steps(tmp_path, monkeypatch):
 
 
 def test_a_resumed_agent_anneals_on_from_the_checkpoints_steps(tmp_path, monkeypatch):
-
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01, epsilon_anneal_steps=6)
     agent.resume_acting(4)  # 4 agent steps of 4 envs: one each, so 3 of the 3 training envs' 6 annealing steps
@@ -452,7 +449,6 @@ def test_negative_epsilon_anneal_steps_is_refused(tmp_path):
 
 
 def test_act_explores_with_each_env_ids_own_epsilon(tmp_path, monkeypatch):
-
     agent = _tiny_agent(tmp_path, num_actors=2, envs_per_actor=2, num_eval_envs=1, epsilon_base=0.4,
                         epsilon_alpha=7.0, eval_epsilon=0.01)
     # 3 training envs: 0.4^(1 + 7 i / 2) for i = 0, 1, 2; env 3 is the eval env; row 4 is a padded row past
