@@ -243,6 +243,36 @@ def test_muzero_minatar_network_keeps_10_by_10_and_trains(tmp_path):
     assert float(network.stem.weight.grad.abs().sum()) > 0
 
 
+def test_muzero_residual_blocks_zero_leaves_one_dynamics_convolution_and_trains(tmp_path):
+    """--residual_blocks=0: no residual block after the torso, in the dynamics or before the heads (the dynamics is
+    its one convolution), six convolutions fewer than the preset's; the model still acts and every part gets a
+    gradient. Negative counts are refused."""
+    from seed.agents.muzero.agent import MuZeroAgent, make_network
+    from seed.learner.configuration import resolve_config
+
+    spec = envs.make_spec("minatar:breakout")
+    networks = {}
+    for blocks in (0, 1):
+        config = resolve_config(dict(agent="muzero", env="minatar:breakout", logdir=str(tmp_path),
+                                     preset="minatar_muzero", residual_blocks=blocks))
+        networks[blocks] = make_network(spec, config)
+    small, full = networks[0], networks[1]
+    for part in ("representation_blocks", "dynamics_blocks", "prediction_blocks"):
+        assert len(getattr(small, part)) == 0 and len(getattr(full, part)) == 1, part
+    convolutions = lambda network: sum(isinstance(m, torch.nn.Conv2d) for m in network.modules())
+    assert convolutions(full) - convolutions(small) == 6  # 3 blocks of 2
+    states = torch.rand(4, 1, 10, 10, 4) < 0.2
+    latent, policy, value = small.initial_inference(states)
+    assert latent.shape == (4, 16, 10, 10) and policy.shape == (4, spec.num_actions)
+    next_latent, prefix, _, policy, value = small.recurrent_inference(latent, torch.tensor([0, 1, 2, 0]),
+                                                                      small.initial_state_lstm(4, latent.device))
+    (value.sum() + prefix.sum() + policy.sum() + next_latent.sum()).backward()
+    assert float(small.dynamics_conv.weight.grad.abs().sum()) > 0 and float(small.stem.weight.grad.abs().sum()) > 0
+    with pytest.raises(ValueError, match=r"--residual_blocks: got -1, expected >= 0"):
+        MuZeroAgent(spec, resolve_config(dict(agent="muzero", env="minatar:breakout", logdir=str(tmp_path),
+                                              residual_blocks=-1)))
+
+
 # ----------------------------------------------------------------------------------------------- presets
 
 

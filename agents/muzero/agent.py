@@ -66,8 +66,9 @@ def make_network(spec: EnvSpec, config: LearnerConfig) -> MuZeroNetwork:
             raise ValueError(f"--network={network}: needs {expected}, got observation shape "
                              f"{spec.observation_shape}")
         return ResNetMuZeroNetwork(tuple(spec.observation_shape), spec.frame_stack, spec.num_actions,
-                                   config.latent_channels, 1, config.lstm_size, config.value_support_size,
-                                   config.reward_support_size, projection_size=config.projection_size,
+                                   config.latent_channels, config.residual_blocks, config.lstm_size,
+                                   config.value_support_size, config.reward_support_size,
+                                   projection_size=config.projection_size,
                                    predictor_hidden=config.projection_size // 2, torso=network)
     raise ValueError(f"--network: got {config.network!r}, expected auto, mlp, resnet, nature or minatar with "
                      "--agent=muzero")
@@ -84,6 +85,7 @@ def check_config(config: LearnerConfig) -> None:
         ("burn_in", config.burn_in >= look_ahead,
          f">= unroll_steps + td_steps - 1 = {look_ahead} with --agent=muzero (the look-ahead each sequence shares "
          "with the next, so that every position starts a K-step unroll with n-step value targets)"),
+        ("residual_blocks", config.residual_blocks >= 0, ">= 0"),
         ("projection_size", config.projection_size >= 2, ">= 2 (the predictor's hidden layer is half of it)"),
         ("value_prefix_horizon", config.value_prefix_horizon >= 1, ">= 1"),
         ("value_support_size", config.value_support_size >= 1, ">= 1"),

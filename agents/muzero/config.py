@@ -47,6 +47,10 @@ class MuZeroConfig(AgentConfig, NetworkOptions, ReplayOptions):
                                            "evaluation envs play the most visited action.")
     latent_size: int = option(64, "MuZero MLP: dimension of the latent state.")
     latent_channels: int = option(64, "MuZero ResNet: channels of the latent state (EfficientZero: 64).")
+    residual_blocks: int = option(1, "MuZero ResNet: residual blocks after the representation's torso, in the "
+                                     "dynamics and before the prediction heads (EfficientZero: 1). 0 leaves one "
+                                     "convolution in the dynamics and the heads on the latent: fewer "
+                                     "multiply-adds per update, for CPUs.")
     projection_size: int = option(1024, "MuZero ResNet: width of the consistency loss's SimSiam projection (its "
                                         "hidden and output layers; the predictor's hidden layer is half of it). "
                                         "EfficientZero: 1024 on a 64 x 6 x 6 latent.")
