@@ -190,7 +190,9 @@ PRESETS: dict[str, dict[str, Any]] = {
     # 16 channels with the 256 projection take 0.36-0.39 s per update (0.50-0.54 with the 1024 one; 32 channels
     # 1.5), and 100K agent steps make 8,750 sequences (the 2 evaluation envs' steps are not inserted), so 6,560
     # updates are about 2,500 CPU s on the training process's core; the 8-env searches (about 100 ms each) run on
-    # the other core: 40 minutes of 2 cores for Breakout (docs/learning/README.md, MinAtar).
+    # the other core: 40 minutes of 2 cores for Breakout (docs/learning/README.md, MinAtar). Measured and not
+    # taken (Space Invaders, docs/learning/minatar.md): a reanalysis worker (--reanalyse_workers=1) and
+    # --residual_blocks=0 with a 128 projection and a 64 LSTM at replay ratio 12 both ended 100K lower.
     "minatar_muzero": dict(
         agent="muzero", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2,
         inference_batch_size=-1, latent_channels=16, projection_size=256, lstm_size=128, search="gumbel",
