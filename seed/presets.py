@@ -192,7 +192,8 @@ PRESETS: dict[str, dict[str, Any]] = {
     # updates are about 2,500 CPU s on the training process's core; the 8-env searches (about 100 ms each) run on
     # the other core: 40 minutes of 2 cores for Breakout (docs/learning/README.md, MinAtar). Measured and not
     # taken (Space Invaders, docs/learning/minatar.md): a reanalysis worker (--reanalyse_workers=1) and
-    # --residual_blocks=0 with a 128 projection and a 64 LSTM at replay ratio 12 both ended 100K lower.
+    # --residual_blocks=0 with a 128 projection and a 64 LSTM at replay ratio 12 both ended 100K lower; this model
+    # at ratio 12 was higher on one seed and lower on the other, and needs about 75 minutes per 100K.
     "minatar_muzero": dict(
         agent="muzero", env="minatar:breakout", num_actors=2, envs_per_actor=8, num_eval_envs=2,
         inference_batch_size=-1, latent_channels=16, projection_size=256, lstm_size=128, search="gumbel",
