@@ -20,9 +20,11 @@ EPISODE = 6  # --toy_episode_length the tests set (the family's default is 20)
 
 
 def _trained(logdir, min_steps):
+    """The metrics rows of windows in which episodes ended (every row has the episode keys; a window in which none
+    ended holds None there), once the learner made `min_steps` updates and there is one; else None."""
     rows = read_metrics(logdir)
     done = [row for row in rows if row.get("episode_length_mean") is not None]
-    return rows if rows and rows[-1]["train_steps"] >= min_steps and done else None
+    return done if rows and rows[-1]["train_steps"] >= min_steps and done else None
 
 
 @pytest.mark.parametrize("transport", ["grpc", "shm"])
@@ -41,13 +43,12 @@ def test_a_toy_env_family_trains_through_the_real_learner_and_actors(processes, 
         "--log_interval_s=0.5", "--torch_threads=1", "--checkpoint_interval_s=3600", "--training_process"])
     actors = [processes.actor([*env_flags, f"--server_address={address}", f"--actor_index={i}",
                                f"--transport={transport}"], f"actor{i}") for i in range(2)]
-    rows = wait_for(lambda: _trained(logdir, 5), 120, "5 updates and finished episodes",
-                    on_timeout=lambda: processes.output(learner))
+    windows = wait_for(lambda: _trained(logdir, 5), 120, "5 updates and finished episodes",
+                       on_timeout=lambda: processes.output(learner))
     for actor in actors:
         output = processes.output(actor)
         assert f"over {transport} " in output, output[-2000:]
-    # Every row has the key; a window in which no episode ended holds None there.
-    row = [row for row in rows if row.get("episode_length_mean") is not None][-1]
+    row = windows[-1]
     assert row["episode_length_mean"] == EPISODE, row
     assert "episode_raw_return_mean" in row and "episode_human_normalized" in row, sorted(row)
     learner.send_signal(signal.SIGTERM)
