@@ -5,6 +5,7 @@
     seed-bench --config=cartpole --env_groups=2 --baselines=env_only --out=bench_results/cartpole_groups2.json
     seed-bench --config=fake_mlp --sweep=actors --values=1,2,4 --out=bench_results/sweep_actors.json
     seed-bench --list
+    seed-bench --config=fake_mlp --compare=9e0b7a4 --baselines=transport --duration_s=25   (A/B: seed/bench/compare.py)
 
 Across hosts (network namespaces, root): wire bytes per env frame and FPS with and without lz4, rate limits and
 added latency: `python -m seed.bench.network` (seed/bench/network.py, docs/performance/cpu/network/).
@@ -47,6 +48,7 @@ import sys
 
 from absl import app, flags
 
+from seed.bench.compare import DEFAULT_CACHE_DIR, compare, report_markdown
 from seed.bench.configs import DEFAULT_CONFIGS, build_setup, load_bench_configs
 from seed.bench.measure import BenchError
 from seed.bench.results import BASELINES, SCHEMA, run_bench, summary_markdown, write_json
@@ -90,6 +92,17 @@ def _define_bench_flags() -> None:
     flags.DEFINE_integer("repeats", 1, "Rounds of (framework, baselines...); each reports its median round.")
     flags.DEFINE_float("switch_interval_ms", 0.0, "Experiment: run the learner with sys.setswitchinterval(this); "
                                                   "0 = Python's default (5 ms).")
+    flags.DEFINE_string("compare", "", "A/B: also install this commit (cached) and run the configuration for the "
+                                       "working tree and it alternately; prints each round and the median ratio "
+                                       "(seed/bench/compare.py).")
+    flags.DEFINE_string("compare_with", "", "With --compare: judge this commit instead of the working tree.")
+    flags.DEFINE_integer("compare_rounds", 3, "With --compare: rounds of (a, b) runs, the order flipped each round.")
+    flags.DEFINE_string("compare_cache_dir", DEFAULT_CACHE_DIR, "With --compare: where each commit's virtual "
+                                                                "environment is kept.")
+    flags.DEFINE_float("compare_max_other_load", 0.25, "With --compare: refuse to measure while other processes "
+                                                       "hold more than this share of the cores.")
+    flags.DEFINE_float("compare_wait_s", 300.0, "With --compare: how long to wait for quiet cores before refusing.")
+    flags.DEFINE_bool("compare_allow_load", False, "With --compare: measure even on busy cores.")
     flags.DEFINE_list("profile", [], "Sample these processes with py-spy over the measurement window: server "
                                      "(learner / ceiling), actor0, actor1, ...; writes <run_dir>/profile-*.txt.")
 
@@ -109,6 +122,11 @@ def main(argv: list[str]) -> None:
         unknown = sorted(set(FLAGS.baselines) - set(BASELINES))
         if unknown:
             raise BenchError(f"--baselines: got {unknown}, expected a subset of {', '.join(BASELINES)}")
+        if FLAGS.compare:
+            _compare()
+            return
+        if FLAGS.compare_with:
+            raise BenchError("--compare_with: needs --compare=REV (the reference commit)")
         overrides = explicit_flags(learner_fields(), FLAGS)
         setup, bench = build_setup(FLAGS.config, FLAGS.bench_configs, overrides, FLAGS.transport,
                                    FLAGS.switch_interval_ms)
@@ -155,6 +173,29 @@ def main(argv: list[str]) -> None:
     except BenchError as error:
         print(f"seed-bench: {error}", file=sys.stderr)
         sys.exit(1)
+
+
+# Flags the comparison owns or sets for each run itself; every other flag typed on the command line is passed to
+# both sides' runs unchanged.
+_COMPARE_OWN = ("out", "runs_dir", "progress")
+
+
+def _compare() -> None:
+    if FLAGS.sweep:
+        raise BenchError("--compare: runs one configuration; got --sweep too, expected one of them")
+    bench_args = [FLAGS[name].serialize() for name in FLAGS
+                  if FLAGS[name].present and name not in _COMPARE_OWN + ("bench_configs",)
+                  and not name.startswith("compare")]
+    if FLAGS["bench_configs"].present:  # the runs start in a directory of their own
+        bench_args.append(f"--bench_configs={os.path.abspath(FLAGS.bench_configs)}")
+    out = os.path.abspath(FLAGS.out or os.path.join("bench_results", f"{FLAGS.config}-ab.json"))
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    duration = FLAGS.duration_s or float(load_bench_configs(FLAGS.bench_configs)[FLAGS.config].get("duration_s", 30))
+    result = compare(FLAGS.config, bench_args, FLAGS.compare, FLAGS.compare_with, FLAGS.compare_rounds, duration,
+                     out, FLAGS.compare_cache_dir, FLAGS.compare_max_other_load, FLAGS.compare_wait_s,
+                     FLAGS.compare_allow_load)
+    print(report_markdown(result))
+    print(f"\nwrote {out}")
 
 
 def run() -> None:
