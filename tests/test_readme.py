@@ -3,14 +3,16 @@ live in docs/learning and docs/performance, one dated file per study, each folde
 
 Checked: README is at most 300 lines; every relative link of README.md and docs/**/*.md names a file that exists
 (anchors are not checked); README's preset table lists exactly the presets of seed/presets.py, and every
-`--preset=NAME` it shows exists; every `make TARGET`, `launch/` script, `python -m MODULE` and `seed-*` command it
-shows exists; every study states its date, commit, machine and command at the top and is linked from its folder's
+`--preset=NAME` it shows exists; every result, time, FPS and cost figure of its learning, preset and performance
+tables is in the study its row links; every `make TARGET`, `launch/` script, `python -m MODULE` and `seed-*` command
+it shows exists; every study states its date, commit, machine and command at the top and is linked from its folder's
 index, and every other page of those folders is reachable from the index."""
 
 from __future__ import annotations
 
 import glob
 import importlib.util
+import itertools
 import os
 import re
 
@@ -37,6 +39,13 @@ PYTHON_MODULE = re.compile(r"python3?\s+-m\s+(seed(?:\.\w+)*)")
 PRESET_FLAG = re.compile(r"--preset=([a-z][a-z0-9_]*)")  # NAME and <name> are placeholders
 CONSOLE_SCRIPT = re.compile(r"(?<![\w/-])(seed-[a-z]+)(?![\w./-])")
 PRESET_ROW = re.compile(r"^\| `(\w+)` \|", re.M)
+# A figure of a table cell: a number with its sign, thousands separators, decimals and unit letter (1.9x, 24M, -22%),
+# or a range of two (3.5-5.6, 10-25M); digits inside a word (v5, Walker2d) are not figures.
+FIGURE = re.compile(r"(?<![\w.,-])-?\d+(?:,\d{3})*(?:\.\d+)?(?:-\d+(?:,\d{3})*(?:\.\d+)?)?[KMx%]?(?![\w.,]\d)")
+RANGE = re.compile(r"(-?[\d,.]+)-([\d,.]+)([KMx%]?)")
+# README's tables whose rows each link their study: (section, the columns whose figures the study must hold).
+FIGURE_TABLES = {"Learning results": ("result", "time on 2 cores"), "Presets": ("reaches", "time"),
+                 "Performance": ("FPS", "simulator ceiling", "$ per 1B frames")}
 
 
 def read(path: str) -> str:
@@ -124,6 +133,31 @@ def reachable(index: str, repo: str) -> set[str]:
     return seen
 
 
+def table_rows(readme: str, section: str) -> list[dict[str, str]]:
+    """The rows of the first table under "## <section>" of README, as {column header: cell}."""
+    text = readme.split(f"\n## {section}", 1)[1].split("\n## ", 1)[0]
+    lines = text.strip().splitlines()
+    first = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    table = itertools.takewhile(lambda line: line.startswith("|"), lines[first:])
+    cells = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in table]
+    header, rows = cells[0], [row for row in cells[2:] if len(row) == len(cells[0])]
+    return [dict(zip(header, row, strict=True)) for row in rows]
+
+
+def figures(cell: str) -> list[str]:
+    """The figures of a table cell's text (link targets left out)."""
+    return FIGURE.findall(re.sub(r"\]\([^)]*\)", "]", cell))
+
+
+def figure_appears(figure: str, text: str) -> bool:
+    """Whether `text` holds `figure` as a figure of its own (not inside a longer number); a range also where its
+    two ends appear (a study's "3.7 / 6.8 minutes" is README's 3.7-6.8)."""
+    if re.search(rf"(?<![\w.,]){re.escape(figure)}(?![\w]|[.,]\d)", text):
+        return True
+    ends = RANGE.fullmatch(figure)
+    return bool(ends) and all(figure_appears(end, text) for end in (ends[1], ends[2] + ends[3]))
+
+
 def study_pages(folder: str) -> list[str]:
     pages = sorted(os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, folder, "**", "*.md"),
                                                                 recursive=True))
@@ -187,6 +221,17 @@ def test_reachable_follows_links_and_folders(tmp_path):
     (tmp_path / "d" / "s" / "README.md").write_text("[up](../README.md)")
     (tmp_path / "d" / "orphan.md").write_text("")
     assert reachable("d/README.md", str(tmp_path)) == {"d/README.md", "d/a.md", "d/b.md", "d/s/README.md"}
+
+
+def test_figures_and_where_they_appear():
+    assert figures("[training envs 18 at 24M frames, -20.64](x.md#a) 1.9x on v5, short (-22%); 3.5-5.6 / 2,598") == [
+        "18", "24M", "-20.64", "1.9x", "-22%", "3.5-5.6", "2,598"]
+    study = "Each run took 3.7 / 6.8 / 4.2 minutes; 1.9x it; 2.31M frames; 12,345 steps"
+    assert figure_appears("3.7-6.8", study) and figure_appears("1.9x", study) and figure_appears("2.31M", study)
+    assert not figure_appears("15.5-18.4", study) and not figure_appears("2.3M", study)
+    assert not figure_appears("2,345", study) and not figure_appears("1.9", study)
+    rows = table_rows("# R\n\n## T\n\n| a | b |\n|---|---|\n| 1 | [2](y.md) |\n\n| c |\n|---|\n| 3 |\n## U\n", "T")
+    assert rows == [{"a": "1", "b": "[2](y.md)"}]
 
 
 # The repository's pages.
@@ -276,3 +321,20 @@ def test_each_folder_index_links_its_studies_and_reaches_every_page():
         pages = {os.path.relpath(p, REPO) for p in glob.glob(os.path.join(REPO, folder, "**", "*.md"), recursive=True)}
         orphans = sorted(pages - reachable(index, REPO))
         assert not orphans, f"{folder}: got pages no link reaches from {index}: {orphans}"
+
+
+def test_each_figure_of_readmes_result_tables_is_in_the_study_it_links():
+    """README's learning, preset and performance tables each link a study per row: every result, time, FPS and
+    cost figure of the row is in that study (a figure the study changed since, or one never in it, is caught; the
+    wording is not checked)."""
+    readme = read("README.md")
+    wrong = []
+    for section, columns in FIGURE_TABLES.items():
+        for row in table_rows(readme, section):
+            links = [link for cell in row.values() for link in relative_links(cell)]
+            if not links:  # "not measured yet"
+                continue
+            study = read(links[0])
+            wrong += [f"{section}: {next(iter(row.values()))}: {figure!r} not in {links[0]}"
+                      for column in columns for figure in figures(row[column]) if not figure_appears(figure, study)]
+    assert not wrong, "README figures its studies do not hold:\n" + "\n".join(wrong)
