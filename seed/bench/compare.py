@@ -12,7 +12,9 @@ comparison is the median of those ratios, with their spread (min, max).
 
 Before every run the cores are sampled: when other processes hold more than --compare_max_other_load of them
 (a share, 0.25 by default), it waits up to --compare_wait_s for them to go quiet and then refuses, unless
---compare_allow_load. The load measured during each run (`other_processes_cores`) is printed beside it.
+--compare_allow_load. The load measured during each run (`other_processes_cores`) is printed beside it; a round in
+which either run saw more than that share is discarded and measured again (kept in the result's
+`discarded_rounds`).
 
 A side is a python interpreter that imports that side's `seed`: the running one for the working tree (which must
 be an editable install of a git checkout), the cached environment's for a commit. The environment is a plain
@@ -291,19 +293,31 @@ def compare(config: str, bench_args: Sequence[str], rev: str, against: str, roun
     work = tempfile.mkdtemp(prefix=os.path.basename(stem) + "-", dir=os.path.dirname(out))
     runs_dir = os.path.join(work, "runs")
     measured: list[dict[str, Any]] = []
+    discarded: list[dict[str, Any]] = []
     max_other = 0.0
-    for index in range(rounds):
+    cores = os.cpu_count() or 1
+    while len(measured) < rounds:
+        index = len(measured)
         order = round_order(index)
         pair: dict[str, Any] = {"order": " then ".join("ab"[i] for i in order)}
         for i in order:
-            max_other = max(max_other, wait_for_quiet(max_share, wait_s, allow_load))
-            name = f"round{index + 1}-{'ab'[i]}"
+            wait_for_quiet(max_share, wait_s, allow_load)
+            name = f"round{index + 1}-{'ab'[i]}-{len(discarded)}"
             log(f"round {index + 1}/{rounds}: {sides[i].label} ({'ab'[i]})")
             run = run_side(sides[i], bench_args, os.path.join(work, f"{name}.json"), runs_dir,
                            os.path.join(work, f"{name}.log"), work)
-            max_other = max(max_other, run["other_processes_cores"] or 0.0)
             pair["ab"[i]] = run
             log(f"  {run['env_frames_per_sec'] or 0:,.0f} frames/s, other load {run['other_processes_cores'] or 0:.2f}")
+        # A neighbour that started during a run makes that round's ratio meaningless: measure the round again.
+        busy = [load_problem(pair[side]["other_processes_cores"] or 0.0, cores, max_share) for side in "ab"]
+        if any(busy) and not allow_load:
+            discarded.append(pair)
+            if len(discarded) > 2 * rounds:
+                raise BenchError(f"--compare: {len(discarded)} rounds discarded for load; last: "
+                                 f"{next(p for p in busy if p)}")
+            log(f"round {index + 1} discarded, measured again: {next(p for p in busy if p)}")
+            continue
+        max_other = max([max_other] + [pair[side]["other_processes_cores"] or 0.0 for side in "ab"])
         measured.append(pair)
     from seed.bench.results import cpu_model
 
@@ -311,6 +325,7 @@ def compare(config: str, bench_args: Sequence[str], rev: str, against: str, roun
         "schema": SCHEMA, "config": config, "bench_args": list(bench_args), "duration_s": duration_s,
         "created_utc": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "sides": [dataclasses.asdict(side) for side in sides], "rounds": measured, "summary": summarise(measured),
+        "discarded_rounds": discarded,
         "machine": {"cpu_cores": os.cpu_count(), "cpu_model": cpu_model(), "platform": platform.platform()},
         "max_other_load": max_other, "allow_load": allow_load, "work_dir": work,
     }
