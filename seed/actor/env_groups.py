@@ -34,7 +34,7 @@ from seed.actor.loop import Actor, granted_compression
 from seed.config import ActorConfig
 from seed.envs import make_batch
 from seed.envs.base import BatchStep, EnvBatch, EnvSpec
-from seed.transport import open_channel, wire
+from seed.transport import wire
 from seed.transport.grpc.link import Stream, link_error, step_message
 from seed.transport.link import ConfigurationError, InvalidReplyError, SupersededError
 
@@ -140,10 +140,10 @@ class GroupedActor(Actor):
     def _run_connection(self) -> None:
         """One run of every group over gRPC; its errors translated like a GrpcLink's (seed/transport/link.py)."""
         run_ids = [random.SystemRandom().getrandbits(63) for _ in self.slots]
-        with open_channel(self.config.server_address, self.security) as channel:
-            self._wait_for_learner(channel)
-            if self.stop.is_set():
-                return
+        channel = self._wait_for_learner()  # a fresh channel after each failed attempt (Actor._wait_for_learner)
+        if channel is None:
+            return
+        with channel:
             stub = seed_pb2_grpc.LearnerStub(channel)
             metadata = self.security.call_metadata()
             streams = _GroupStreams([_PipelinedStream(stub, metadata) for _ in self.slots])

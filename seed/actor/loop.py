@@ -44,6 +44,10 @@ from seed.transport.shm.protocol import handover_path
 
 log = logging.getLogger(__name__)
 
+# While the learner is away, a failed connection attempt is retried on a fresh channel (a fresh name lookup) at most
+# this often (Actor._wait_for_learner).
+REDIAL_INTERVAL_S = 1.0
+
 
 def _shm_path(config: ActorConfig, security: TransportSecurity) -> str | None:
     """The learner's handover socket this actor tries (--transport shm or auto), or None (gRPC only)."""
@@ -162,41 +166,60 @@ class Actor:
             self.stats.write(final=True)
             self.envs.close()
 
-    def _wait_for_learner(self, channel: grpc.Channel) -> None:
-        """Waits until the channel connects and, for a unix: address, the listener runs as this actor's user or
-        root (`unix_listener_problem`: the stream's call carries the token); says once when a connection attempt
-        failed (no learner there yet, or one that refuses this actor's transport, e.g. plaintext against TLS) or
-        another user listens, so a wrong flag or a taken path is visible."""
-        failed = threading.Event()
+    def _wait_for_learner(self) -> grpc.Channel | None:
+        """A channel to --server_address once it connects and, for a unix: address, the listener runs as this
+        actor's user or root (`unix_listener_problem`: the stream's call carries the token); None if the actor
+        stops first. Says once when a connection attempt failed (no learner there yet, or one that refuses this
+        actor's transport, e.g. plaintext against TLS) or another user listens, so a wrong flag or a taken path is
+        visible.
 
-        def on_state(state: grpc.ChannelConnectivity) -> None:
-            if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
-                failed.set()
-
-        channel.subscribe(on_state)
+        After a failed attempt (TRANSIENT_FAILURE) the channel is replaced by a fresh one, at most every
+        REDIAL_INTERVAL_S: a fresh channel resolves the name at once, while a channel's own resolver re-resolves
+        at most every 30 s, and after a failed lookup backs off up to 120 s. A learner that comes back at another
+        address under the same name (a restarted container, a rescheduled job) is so found within about a
+        second. A channel still connecting is left to finish."""
         reported = foreign_reported = False
         backoff = 0.1
-        try:
-            while not self.stop.is_set():
-                try:
-                    grpc.channel_ready_future(channel).result(timeout=backoff)
-                    problem = unix_listener_problem(self.config.server_address)
-                    if problem is None:
-                        return
-                    if not foreign_reported:  # the learner's user may claim the path later: keep checking
-                        foreign_reported = True
-                        print(f"[actor {self.config.actor_index}] {problem}; retrying", flush=True)
-                    self.stop.wait(backoff)
-                except grpc.FutureTimeoutError:
-                    pass
-                backoff = min(backoff * 2, self.config.reconnect_max_backoff_s)
-                if failed.is_set() and not reported:
-                    reported = True
-                    print(f"[actor {self.config.actor_index}] cannot connect to {self.config.server_address} "
-                          "(TRANSIENT_FAILURE: no learner there yet, or it refused this actor's transport "
-                          "security); retrying", flush=True)
-        finally:
-            channel.unsubscribe(on_state)
+        while not self.stop.is_set():
+            channel = open_channel(self.config.server_address, self.security)
+            failed = threading.Event()
+
+            def on_state(state: grpc.ChannelConnectivity, failed=failed) -> None:
+                if state == grpc.ChannelConnectivity.TRANSIENT_FAILURE:
+                    failed.set()
+
+            channel.subscribe(on_state)
+            opened = time.monotonic()
+            ready = grpc.channel_ready_future(channel)
+            try:
+                while not self.stop.is_set():
+                    try:
+                        ready.result(timeout=backoff)
+                        problem = unix_listener_problem(self.config.server_address)
+                        if problem is None:
+                            channel.unsubscribe(on_state)
+                            return channel
+                        if not foreign_reported:  # the learner's user may claim the path later: keep checking
+                            foreign_reported = True
+                            print(f"[actor {self.config.actor_index}] {problem}; retrying", flush=True)
+                        self.stop.wait(backoff)
+                    except grpc.FutureTimeoutError:
+                        pass
+                    backoff = min(backoff * 2, self.config.reconnect_max_backoff_s, REDIAL_INTERVAL_S)
+                    if failed.is_set() and not reported:
+                        reported = True
+                        print(f"[actor {self.config.actor_index}] cannot connect to {self.config.server_address} "
+                              "(TRANSIENT_FAILURE: no learner there yet, or it refused this actor's transport "
+                              "security); retrying", flush=True)
+                    if failed.is_set() and time.monotonic() - opened >= REDIAL_INTERVAL_S:
+                        break  # redial on a fresh channel: it resolves the name anew
+            except BaseException:
+                ready.cancel()
+                channel.close()
+                raise
+            ready.cancel()
+            channel.close()
+        return None
 
     def _handshake(self, run_id: int) -> seed_pb2.Handshake:
         return seed_pb2.Handshake(actor_index=self.config.actor_index, run_id=run_id,
@@ -217,12 +240,13 @@ class Actor:
     def _connect(self, run_id: int) -> ActorLink | None:
         """This run's link, handshaken: shared memory when --transport allows it and the learner offers it, else
         gRPC; None if the actor stops while it waits for the learner."""
-        channel = open_channel(self.config.server_address, self.security)
+        # The learner's serving process offers shm before it serves gRPC: once gRPC answers, the handover socket is
+        # there if the learner offers one.
+        channel = self._wait_for_learner()
+        if channel is None:
+            return None
         grpc_link = None  # owns the channel once built
         try:
-            # The learner's serving process offers shm before it serves gRPC: once gRPC answers, the handover
-            # socket is there if the learner offers one.
-            self._wait_for_learner(channel)
             if self.stop.is_set():
                 channel.close()
                 return None
