@@ -11,6 +11,11 @@
 #                                               packets in each direction of HOST's link (nftables numgen)
 #   launch/netns.sh poweroff NAME HOST          SIGKILL every process on HOST at once (the host loses power)
 #   launch/netns.sh bytes NAME HOST             print "rx_bytes tx_bytes" of HOST's eth0 (bytes on the wire)
+#   launch/netns.sh hosts NAME HOST [ENTRY...]  HOST's /etc/hosts: localhost, then each ENTRY ("IP NAME"); set
+#                                               it before starting a command there (`ip netns exec` mounts
+#                                               /etc/netns/NAME-HOST/hosts over /etc/hosts for what it starts),
+#                                               then again to move a name: rewritten in place, running
+#                                               processes see the change at their next lookup
 #
 # Topology: by default every host's eth0 is one end of a veth pair whose other end (port hI) sits on a bridge in
 # a switch namespace NAME-sw; with --p2p (two hosts) the two eth0 are the two ends of one veth pair. Nothing is
@@ -23,7 +28,7 @@ set -euo pipefail
 
 SUBNET=${SEED_NETNS_SUBNET:-10.213.0}
 
-usage() { sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 die() { echo "netns.sh: $*" >&2; exit 1; }
 
 host_ns() { echo "$1-$2"; }
@@ -103,8 +108,10 @@ destroy() {
     [[ $ns == "$(switch_ns "$name")" ]] && continue
     poweroff "$name" "${ns#"$name"-}" || true
   done
-  # A namespace is freed with its last process; its veth ends (and their peers) go with it.
-  for ns in $(namespaces_of "$name"); do ip netns delete "$ns" || true; done
+  # A namespace is freed with its last process; its veth ends (and their peers) go with it. Its /etc/netns
+  # folder (`hosts`) is not: removed here.
+  for ns in $(namespaces_of "$name"); do ip netns delete "$ns" || true; rm -rf "/etc/netns/${ns:?}"; done
+  rmdir /etc/netns 2>/dev/null || true  # only when empty: another run's hosts files stay
   rm -f "$LOCK_DIR/$name.lock"
 }
 
@@ -150,6 +157,16 @@ table inet seed_loss {
 EOF
 }
 
+hosts() {
+  local name=$1 host=$2 dir
+  shift 2
+  dir=/etc/netns/$(host_ns "$name" "$host")
+  mkdir -p "$dir"
+  # `>` truncates and writes the same file: a bind mount of it (a running process's /etc/hosts) sees the change,
+  # which a new file renamed over it would not.
+  { printf '127.0.0.1 localhost\n::1 localhost\n'; printf '%s\n' "$@"; } >"$dir/hosts"
+}
+
 bytes() {
   local ns; ns=$(host_ns "$1" "$2")
   echo "$(ip netns exec "$ns" cat /sys/class/net/eth0/statistics/rx_bytes)" \
@@ -167,5 +184,6 @@ case $command in
   loss) [[ $# -eq 3 ]] || usage; check_host "$1" "$2"; loss "$@" ;;
   poweroff) [[ $# -eq 2 ]] || usage; check_host "$1" "$2"; poweroff "$@" ;;
   bytes) [[ $# -eq 2 ]] || usage; check_host "$1" "$2"; bytes "$@" ;;
+  hosts) [[ $# -ge 2 ]] || usage; check_host "$1" "$2"; hosts "$@" ;;
   *) usage ;;
 esac

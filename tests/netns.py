@@ -91,7 +91,7 @@ class RemoteRun:
             f.write(TOKEN + "\n")
         self.address = f"{self.hosts.addr(1)}:{PORT}"
 
-    def start_learner(self, name: str = "learner", **flags) -> subprocess.Popen:
+    def start_learner(self, name: str = "learner", host: int = 1, **flags) -> subprocess.Popen:
         values = dict(env=self.env, logdir=self.logdir, server_address=f"0.0.0.0:{PORT}",
                       num_actors=self.num_actors, envs_per_actor=self.envs_per_actor,
                       auth_token_file=self.token_file, tls_cert=self.pki.server_cert, tls_key=self.pki.server_key,
@@ -99,7 +99,7 @@ class RemoteRun:
                       checkpoint_interval_s=3600, total_environment_frames=int(1e12), torch_threads=1,
                       fake_episode_length=20)
         values.update(flags)
-        return self.hosts.run_on(1, seed_command("seed-learner", "seed.learner.main") +
+        return self.hosts.run_on(host, seed_command("seed-learner", "seed.learner.main") +
                                  [f"--{k}={v}" for k, v in values.items()], name)
 
     def start_actor(self, host: int, index: int, name: str = "", **flags) -> subprocess.Popen:

@@ -135,6 +135,11 @@ class NetnsHosts:
         for process, _ in self.started:
             process.poll()  # reaps the killed ones
 
+    def set_hosts(self, host: int, entries: dict[str, str]) -> None:
+        """The host's /etc/hosts: localhost and `entries` (name -> address). Set it before starting a process
+        there; setting it again moves a name under the running processes (launch/netns.sh hosts)."""
+        netns("hosts", self.name, str(host), *(f"{address} {name}" for name, address in entries.items()))
+
     def wire_bytes(self, host: int) -> tuple[int, int]:
         """(received, sent) bytes of the host's eth0 since it was made."""
         rx, tx = netns("bytes", self.name, str(host)).stdout.split()
