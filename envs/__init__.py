@@ -64,7 +64,11 @@ FAMILIES: dict[str, Registration] = {
     "fake": Registration("seed.envs.fake"),
 }
 
-_plugins_loaded = False
+_plugins_loaded: set[str] = set()  # the SEED_RL_PLUGINS modules this process imported, each once
+
+
+class PluginError(ValueError):
+    """A module SEED_RL_PLUGINS names failed to import (its own ImportError or any other error)."""
 
 
 def register(name: str, registration: Registration) -> None:
@@ -78,17 +82,24 @@ def register(name: str, registration: Registration) -> None:
 
 
 def load_plugins() -> None:
-    """Imports the modules SEED_RL_PLUGINS names (once per process); they register agents and env families."""
-    global _plugins_loaded
-    if _plugins_loaded:
-        return
-    _plugins_loaded = True
+    """Imports the modules SEED_RL_PLUGINS names that this process has not imported yet; they register agents and env
+    families. A module that fails is refused (PluginError, naming the variable, the module and its error) on every
+    call, each call trying it again, and the modules after it are still imported."""
+    failed: list[tuple[str, Exception]] = []
     for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        if module in _plugins_loaded:
+            continue
         try:
             importlib.import_module(module)
-        except ImportError as error:
-            raise ValueError(f"{PLUGINS_ENV}: got module {module!r}, which does not import ({error}); expected "
-                             "importable modules that register agents or env families") from error
+        except Exception as error:  # noqa: BLE001 - any error of a plug-in's import is reported, with its module
+            failed.append((module, error))
+        else:
+            _plugins_loaded.add(module)
+    if failed:
+        causes = "; ".join(f"module {module!r} fails on import ({type(error).__name__}: {error})"
+                           for module, error in failed)
+        raise PluginError(f"{PLUGINS_ENV}={os.environ.get(PLUGINS_ENV, '')!r}: {causes}; expected importable "
+                          "modules that register agents or env families") from failed[0][1]
 
 
 def names() -> list[str]:

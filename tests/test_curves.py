@@ -189,6 +189,23 @@ def test_cli(three_runs, tmp_path):
     assert "expected a metrics.jsonl" in done.stderr and "found: checkpoint.pt" in done.stderr
 
 
+def test_a_plug_in_that_fails_stops_the_report_with_its_error(tmp_path):
+    """SEED_RL_PLUGINS naming a module that does not import: seed-report --curves exits with that error (the
+    variable, the module, the cause) instead of grouping the runs without it. Seen failing with the error caught
+    once and the plug-ins then marked loaded: the two seeds of one configuration fell into two groups, silently."""
+    from tests.test_env_plugins import write_plugins
+
+    seeds = [write_run(tmp_path / f"seed{seed}", SEED1, {**CONFIG, "seed": seed}) for seed in (0, 1)]
+    code = f"import sys\nfrom seed.bench.report import run\nsys.argv = ['seed-report', '--curves'] + {seeds!r}\nrun()"
+    plugins = tmp_path / "plugins"
+    plugins.mkdir()
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, **write_plugins(plugins)))
+    assert done.returncode == 2, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "seed-report: SEED_RL_PLUGINS" in done.stderr and "'broken_import_plugin'" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+
+
 def test_running_mean_counts_towards_a_target_only_once_its_window_is_full(tmp_path):
     key = "eval/return_running_mean_100"
     data = rows([60, 120, 180, 240], [1000, 2000, 3000, 4000], [0.9, 0.5, 0.85, 0.9], key=key)

@@ -144,6 +144,104 @@ def test_a_family_whose_flag_another_has_is_refused():
         del envs.FAMILIES["clash"], sys.modules["tests_clashing_family"]
 
 
+def test_a_family_name_already_taken_is_refused():
+    """A plug-in registering a family under a taken name (a built-in one, or another plug-in's) is refused naming
+    both registrations, and the family keeps the first; the same registration again (a module imported twice) is
+    no clash."""
+    from seed import envs
+
+    first = envs.FAMILIES["fake"]
+    with pytest.raises(ValueError, match=r"env family 'fake': already registered as .*seed\.envs\.fake.*refused "
+                                         r".*tests_another_fake"):
+        envs.register("fake", envs.Registration("tests_another_fake"))
+    assert envs.FAMILIES["fake"] == first
+    envs.register("fake", envs.Registration("seed.envs.fake"))
+    assert envs.FAMILIES["fake"] == first
+
+
+@pytest.mark.parametrize("flag_name, owner", [("batch_size", "VTraceLearnerConfig"),  # the framework's learner
+                                              ("server_address", "ActorConfig"),  # the framework's actor
+                                              ("seed", "EnvOptions"),  # the env flags every family shares
+                                              ("clip_rho_threshold", "VTraceLearnerConfig")])  # V-trace's own
+def test_a_family_flag_that_a_framework_or_agent_flag_has_is_refused(flag_name, owner):
+    """A family declaring a flag the framework (the learner's, the actor's, the env flags every family shares) or
+    an agent already has would set a value that one expects and the other does not: the configuration class that
+    would hold both is refused naming the family's Options, the flag and the class."""
+    import dataclasses
+
+    from seed import envs
+    from seed.agents import agent_class
+    from seed.config import actor_config_class, env_options_class, learner_config_class
+    from seed.envs.base import flag
+
+    Options = dataclasses.make_dataclass("Options", [(flag_name, int, flag(5, f"clashes with {owner}'s"))])
+    module = type(sys)("tests_family_with_a_taken_flag")
+    Options.__module__, module.Options = module.__name__, Options
+    sys.modules[module.__name__] = module
+    envs.register("taken_flag", envs.Registration(module.__name__))
+    try:
+        compose = {"VTraceLearnerConfig": lambda: learner_config_class(agent_class("vtrace")),
+                   "ActorConfig": actor_config_class, "EnvOptions": env_options_class}[owner]
+        with pytest.raises(ValueError, match=rf"tests_family_with_a_taken_flag\.Options: flags \['{flag_name}'\] "
+                                             rf"are {owner}'s already"):
+            compose()
+    finally:
+        del envs.FAMILIES["taken_flag"], sys.modules[module.__name__]
+
+
+def test_a_fresh_process_whose_first_call_is_make_spec_loads_the_plug_ins():
+    """`make_spec` with a plug-in family as the first call of a process (as an env-only tool or a spawned worker
+    makes it): the family's name is looked up after SEED_RL_PLUGINS is imported, not refused."""
+    script = ("from seed.envs import make_spec\nspec = make_spec('toy:lights', {})\n"
+              "print(spec.num_actions, tuple(spec.observation_shape))")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, PYTHONPATH=REPO, **PLUGIN_ENV), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.split() == ["4", "(4,)"], done.stdout
+
+
+def write_plugins(folder) -> dict[str, str]:
+    """Three plug-in modules in `folder`: one whose import fails (a missing dependency), one that raises something
+    else on import, and one after them that registers the family `late`; returns the environment of a process that
+    loads them in that order."""
+    (folder / "broken_import_plugin.py").write_text("import no_such_module_of_the_seed_rl_tests\n")
+    (folder / "broken_runtime_plugin.py").write_text("raise RuntimeError('the plug-in s own error')\n")
+    (folder / "late_family_plugin.py").write_text(
+        "from seed import envs\nenvs.register('late', envs.Registration('seed.envs.fake'))\n")
+    return {"PYTHONPATH": os.pathsep.join([REPO, str(folder)]),
+            "SEED_RL_PLUGINS": "broken_import_plugin, broken_runtime_plugin, late_family_plugin"}
+
+
+def test_a_plug_in_that_fails_is_refused_on_every_call_and_the_ones_after_it_load(tmp_path):
+    """A fresh process whose SEED_RL_PLUGINS names a module that does not import and one that raises on import,
+    then a good one: every call that loads the plug-ins (the env families' and the agents' registries alike) refuses
+    both, each error naming the variable, the module and its cause; the module after them is loaded. Seen failing
+    with the plug-ins marked loaded before their import: the second call passed, the failed modules forgotten."""
+    script = """if True:
+        import json
+        from seed import envs
+        from seed.agents import registry
+        outcomes = []
+        for call in (envs.names, envs.names, registry.names, lambda: registry.config_class("vtrace")):
+            try:
+                call()
+                outcomes.append("passed")
+            except ValueError as error:
+                outcomes.append(str(error))
+        print(json.dumps({"outcomes": outcomes, "families": list(envs.FAMILIES)}))
+    """
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO,
+                          env=dict(os.environ, **write_plugins(tmp_path)), timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    found = json.loads(done.stdout)
+    assert len(found["outcomes"]) == 4
+    for outcome in found["outcomes"]:
+        assert "SEED_RL_PLUGINS" in outcome, found
+        assert "'broken_import_plugin'" in outcome and "no_such_module_of_the_seed_rl_tests" in outcome, found
+        assert "'broken_runtime_plugin'" in outcome and "RuntimeError: the plug-in s own error" in outcome, found
+    assert "late" in found["families"], found  # the module after the failed ones loaded
+
+
 FAMILY_NAMES = ("gym", "atari", "football", "minatar", "fake")
 
 

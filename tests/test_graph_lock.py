@@ -182,3 +182,144 @@ def test_the_framework_and_the_agents_capture_through_the_lock():
             for n, line in enumerate(path.read_text().splitlines(), 1)
             if "torch.cuda.graph(" in line or "make_graphed_callables" in line or ".capture_begin(" in line]
     assert bare == [], f"captures outside seed/runtime/cuda_graphs.capture_graph: {bare}"
+
+
+# A process whose main thread shares the lock and upgrades to capture while another thread shares, so it waits;
+# a real SIGINT interrupts that wait. Then the other thread leaves and a later capture must get the lock.
+INTERRUPTED_UPGRADE = """if True:
+    import json, threading, time
+    from seed.runtime.cuda_graphs import GraphLock
+
+    lock, other_in, other_may_leave = GraphLock(), threading.Event(), threading.Event()
+
+    def other():  # e.g. the inference thread, inside a replay
+        with lock.shared():
+            other_in.set()
+            other_may_leave.wait(60)
+
+    def announce():  # once the upgrade waits (it counts as a waiting writer only inside its wait)
+        while not lock.state()["writers_waiting"]:
+            time.sleep(0.001)
+        print("waiting", flush=True)
+
+    other_thread = threading.Thread(target=other, daemon=True)
+    other_thread.start()
+    other_in.wait(60)
+    threading.Thread(target=announce, daemon=True).start()
+    interrupted = False
+    try:
+        with lock.shared():  # e.g. the training step
+            with lock.exclusive():  # e.g. its first capture of a shape: waits for the other thread
+                pass
+    except KeyboardInterrupt:
+        interrupted = True
+    after_interrupt = lock.state()
+    other_may_leave.set()
+    other_thread.join(60)
+    captured = threading.Event()
+
+    def later_capture():
+        with lock.exclusive():
+            captured.set()
+
+    threading.Thread(target=later_capture, daemon=True).start()
+    print(json.dumps({"interrupted": interrupted, "after_interrupt": after_interrupt,
+                      "captured": captured.wait(20), "after": lock.state()}), flush=True)
+"""
+
+
+def test_an_upgrade_interrupted_while_it_waits_leaves_the_lock_usable(tmp_path):
+    """Ctrl-C (a real SIGINT) while a shared holder waits to capture: its shared hold ends as its `with` block
+    unwinds, the lock counts only the other thread's hold, and a later capture gets the lock once that thread
+    leaves. Seen failing with the upgrade giving up its hold before the wait and not taking it back when the wait
+    raised: the count ended at -1 and the later capture waited forever."""
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    child = subprocess.Popen([sys.executable, "-c", INTERRUPTED_UPGRADE], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=dict(os.environ, PYTHONPATH=REPO))
+    try:
+        assert child.stdout.readline() == "waiting\n", child.stderr.read()
+        child.send_signal(signal.SIGINT)
+        out, err = child.communicate(timeout=60)
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == 0, err[-3000:]
+    found = json.loads(out)
+    assert found["interrupted"], found
+    assert found["captured"], f"a capture after the interrupted one waited 20 s: {found}"
+    assert found["after_interrupt"] == {"shared": 1, "exclusive": False, "writers_waiting": 0}, found
+    assert found["after"] == {"shared": 0, "exclusive": False, "writers_waiting": 0}, found
+
+
+def test_capture_graph_holds_the_process_lock_exclusively(monkeypatch):
+    """`capture_graph` on the CPU, with a stand-in for torch.cuda.graph (the GPU tests skip here) that records the
+    process's lock when the capture begins: held exclusively, and a replay (`graph_use`) that was inside when the
+    capture was asked for had left; gradients off. Seen failing with capture_graph taking the lock shared."""
+    import torch
+
+    from seed.runtime import cuda_graphs
+
+    lock, seen, replaying = cuda_graphs.GRAPH_LOCK, {}, threading.Event()
+
+    class StandInCapture:  # in torch.cuda.graph's place: entered last, around the work a capture records
+        def __init__(self, graph, pool=None, capture_error_mode="global"):
+            seen["graph"], seen["pool"], seen["mode"] = graph, pool, capture_error_mode
+
+        def __enter__(self):
+            seen["state"], seen["replay inside"] = lock.state(), replaying.is_set()
+            seen["gradients"] = torch.is_grad_enabled()
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(torch.cuda, "graph", StandInCapture)
+
+    def replay():  # inside when the capture is asked for; leaves once the capture waits for it (or has begun)
+        with cuda_graphs.graph_use():
+            replaying.set()
+            deadline = time.monotonic() + 10
+            while not lock.state()["writers_waiting"] and "state" not in seen and time.monotonic() < deadline:
+                time.sleep(0.001)
+            replaying.clear()
+
+    def capture():
+        assert replaying.wait(5)
+        with cuda_graphs.capture_graph("the graph", pool="the pool"):
+            seen["inside"] = lock.state()
+
+    _run([threading.Thread(target=replay), threading.Thread(target=capture)])
+    assert seen["state"] == {"shared": 0, "exclusive": True, "writers_waiting": 0}, seen
+    assert not seen["replay inside"] and not seen["gradients"], seen
+    assert (seen["graph"], seen["pool"], seen["mode"]) == ("the graph", "the pool", "thread_local")
+    assert seen["inside"]["exclusive"], seen
+    assert lock.state() == {"shared": 0, "exclusive": False, "writers_waiting": 0}
+
+
+def test_the_training_step_holds_the_process_lock_shared(monkeypatch):
+    """`train_on_batch` (seed/training/update.py: what the training thread and the training process run) on a real
+    V-trace agent and batch: the agent's update runs inside a shared hold of the process's lock, so a capture in
+    another thread (inference's --cuda_graphs) waits for it. Seen failing with the step taking no hold."""
+    from seed.runtime.cuda_graphs import GRAPH_LOCK
+    from seed.training.optimizers import make_optimizer
+    from seed.training.update import train_on_batch
+    from tests.test_data_parallel import _agent_and_config, _batches
+
+    agent, spec, config = _agent_and_config("vtrace")
+    seen, real_update = [], agent.update
+
+    def update(*args, **kwargs):
+        seen.append(GRAPH_LOCK.state())
+        return real_update(*args, **kwargs)
+
+    monkeypatch.setattr(agent, "update", update)
+    result = train_on_batch(agent, make_optimizer(agent, config), _batches(spec, config, "vtrace")[0], config, 0)
+    assert result.trained and "policy_lag_updates" in result.values
+    assert seen == [{"shared": 1, "exclusive": False, "writers_waiting": 0}]
+    assert GRAPH_LOCK.state() == {"shared": 0, "exclusive": False, "writers_waiting": 0}

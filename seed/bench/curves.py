@@ -298,12 +298,16 @@ def with_defaults_now(config: dict[str, Any]) -> dict[str, Any]:
     """A run's configuration with every flag its config.json lacks at that flag's default now: a flag added after
     the run was made, which it ran without, so an old run and a new one at the flag's default are one
     configuration. The flags are the framework's and the run's agent's; with an agent not registered here the
-    configuration comes back as it is."""
+    configuration comes back as it is. A plug-in that fails (SEED_RL_PLUGINS) is a CurvesError: without it the runs
+    of its agents would group apart from runs that are the same."""
+    from seed import envs
     from seed.agents import registry
     from seed.config import learner_config_class
 
     try:
         fields = dataclasses.fields(learner_config_class(registry.agent_class(config.get("agent", ""))))
+    except envs.PluginError as error:
+        raise CurvesError(str(error)) from error
     except ValueError:
         return config
     missing = {}

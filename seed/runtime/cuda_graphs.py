@@ -16,8 +16,8 @@ The rule, for every graph the framework or an agent makes: a capture holds the p
 exclusively; replays and eager CUDA work hold it shared. Shared holders run together; a capture waits until none
 is inside and new shared holders wait behind a waiting capture (captures are rare: once per shape). A thread that
 holds the lock shared may capture (the training step captures reanalysis's search on its first call of a shape):
-it gives up its own shared hold while it waits and takes it back, atomically, when the capture ends, so two such
-threads never deadlock. Both kinds nest in one thread.
+it gives up its own shared hold while it waits and takes it back, atomically, when the capture ends (or when its
+wait raises, e.g. on Ctrl-C), so two such threads never deadlock. Both kinds nest in one thread.
 """
 
 from __future__ import annotations
@@ -79,12 +79,16 @@ class GraphLock:
             else:
                 given_up = self._own_shared()
                 self._shared -= given_up  # this thread's own holds do not keep it out
-                if given_up:
-                    self._cond.notify_all()  # another upgrading thread may be waiting for exactly these
                 self._writers_waiting += 1
                 try:
+                    if given_up:
+                        self._cond.notify_all()  # another upgrading thread may be waiting for exactly these
                     while self._writer is not None or self._shared:
                         self._cond.wait()
+                except BaseException:  # the wait was interrupted (Ctrl-C, an injected error): still sharing, as before
+                    self._shared += given_up
+                    self._cond.notify_all()  # sharers held off by this waiting writer may go on
+                    raise
                 finally:
                     self._writers_waiting -= 1
                 self._writer, self._writer_depth = me, 1
