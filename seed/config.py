@@ -87,6 +87,9 @@ class ActorConfig(EnvOptions, TransportOptions):
     server_address: str = _field("localhost:8686", "Learner address: host:port or unix:/path/to.sock.")
     actor_index: int = _field(0, "This actor's index; it owns env ids [index*K, (index+1)*K).")
     reconnect_max_backoff_s: float = _field(5.0, "Longest wait between reconnection attempts (seconds).")
+    exit_when_done: bool = _field(True, "Exit 0 when the learner says its run is finished (its "
+                                        "--total_environment_frames or --max_train_steps reached); false: keep "
+                                        "reconnecting. A learner that restarts or is unreachable is always waited for.")
     log_interval_s: float = _field(30.0, "Seconds between actor progress lines on stdout.")
     stats_file: str = _field("", "Append throughput/latency/CPU rows (JSON Lines, see seed/actor/stats.py) here; "
                                  "'' = off. Used by seed-bench.")
@@ -187,6 +190,12 @@ class LearnerConfig(EnvOptions, TransportOptions):
     wandb_mode: str = _field("online", "Weights & Biases: online, offline (written under the logdir or $WANDB_DIR "
                                        "for `wandb sync`) or disabled.")
     checkpoint_interval_s: float = _field(600.0, "Seconds between checkpoints (one is always written on exit).")
+    finished_linger_s: float = _field(30.0, "When the run is over (--total_environment_frames or --max_train_steps "
+                                            "reached, also by a learner restarted on a finished logdir): keep "
+                                            "answering actors 'run finished' (they exit 0) until every actor slot "
+                                            "heard it, at most this long (seconds), then exit. Longer than the "
+                                            "actors' --reconnect_max_backoff_s, so one that was reconnecting hears "
+                                            "it too.")
     keep_checkpoints: int = _field(3, "Checkpoint files kept in the logdir (checkpoint-<n>.pt, newest last); a resume "
                                       "falls back to the previous one if the newest does not load.")
     torch_threads: int = _field(0, "torch intra-op threads of each learner process (inference, training); 0 = "

@@ -3,10 +3,10 @@
 Every flag goes to the learner; the flags an actor understands (env flags) go to the actors too. Actors
 talk to the learner over a unix socket in the logdir unless `--server_address` says otherwise. The launcher
 waits until the learner serves (gRPC health check) before it starts actors and counts their failures; it
-restarts a crashed actor (not one that another actor with its index superseded), restarts a learner that exits
-non-zero (e.g. a helper thread died; it resumes from its newest checkpoint and the actors reconnect by
-themselves) up to MAX_LEARNER_RESTARTS times, stops every child on exit, Ctrl-C or SIGTERM, and exits with the
-learner's status.
+restarts a crashed actor (not one that another actor with its index superseded, nor one that exited 0 because the
+learner said the run is over), restarts a learner that exits non-zero (e.g. a helper thread died; it resumes from
+its newest checkpoint and the actors reconnect by themselves) up to MAX_LEARNER_RESTARTS times, stops every child
+on exit, Ctrl-C or SIGTERM, and exits with the learner's status.
 """
 
 from __future__ import annotations
@@ -145,6 +145,7 @@ def main(argv: list[str]) -> int:
         print(f"[local] started {config.num_actors} actors x {config.envs_per_actor} envs on {address}", flush=True)
         restarts = learner_restarts = 0
         superseded: set[int] = set()
+        finished: set[int] = set()  # actors that exited 0: the run is over
         while not stopping:
             time.sleep(0.5)
             code = learner.poll()
@@ -162,7 +163,11 @@ def main(argv: list[str]) -> int:
                 continue
             for index, actor in enumerate(actors):
                 code = actor.poll()
-                if code is None or index in superseded or learner.poll() is not None or stopping:
+                if code is None or index in superseded or index in finished or learner.poll() is not None \
+                        or stopping:
+                    continue
+                if code == 0:  # the learner said its run is over (seed/learner/run_end.py): nothing to restart
+                    finished.add(index)
                     continue
                 if code == 2:  # the learner rejected the actor's configuration: restarting cannot help
                     print(f"[local] actor {index} was rejected (exit 2); stopping", file=sys.stderr, flush=True)

@@ -11,8 +11,10 @@ Errors have one path: every link translates its own into LinkDown (the learner w
 exponential backoff, reset after a connection that streamed, and a new run id, whose envs restart their episodes)
 or a LinkFatal, which ends the actor: ConfigurationError (a rejected handshake or a wrong token), SupersededError (a
 newer actor run that handshook with this actor's index took it over: that is how a restarted actor replaces its
-dead predecessor; this one ends rather than evict the newer one in turn) and InvalidReplyError. SIGTERM ends it
-cleanly. With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
+dead predecessor; this one ends rather than evict the newer one in turn) and InvalidReplyError. RunFinished (the
+learner said its run is over: seed/learner/run_end.py) ends it with status 0 (--exit_when_done); a learner that
+restarts only goes away, which is a LinkDown, so it is waited for. SIGTERM ends it cleanly.
+With --tls_* flags the channel is mutual TLS; with --auth_token(_file) the token goes in the Stream
 call's metadata or the shm hello (seed/transport/). With --compression=lz4 over TCP the actor asks for lz4 in its
 handshake and, if the learner grants it, compresses every step's observations (seed/transport/grpc/compression.py);
 on a unix socket it sends them raw.
@@ -38,7 +40,7 @@ from seed.transport import TransportConfigError, TransportSecurity, open_channel
 from seed.transport.grpc import compression
 from seed.transport.grpc.channel import unix_listener_problem
 from seed.transport.grpc.link import GrpcLink, granted_codec
-from seed.transport.link import ActorLink, LinkDown, LinkError
+from seed.transport.link import ActorLink, LinkDown, LinkError, RunFinished
 from seed.transport.shm.link import ShmLink, ShmUnavailable
 from seed.transport.shm.protocol import handover_path
 
@@ -125,6 +127,7 @@ class Actor:
         self.agent_steps = 0
         self.latencies_s: list[float] = []  # round trips of the current log window
         self.connections = 0
+        self.run_finished = False  # the learner said its run is over (RunFinished)
         self.stats = ActorStats(config.stats_file, config.stats_interval_s, self.spec.action_repeat, config.actor_index)
         self._link: ActorLink | None = None  # of the current connection, for request_stop
 
@@ -156,7 +159,11 @@ class Actor:
                 except LinkError as error:
                     if self.stop.is_set():
                         break  # stopping: however the link ended
-                    if not isinstance(error, LinkDown):
+                    if isinstance(error, RunFinished) and self.config.exit_when_done:
+                        self.run_finished = True
+                        print(f"[actor {self.config.actor_index}] {error}; exiting", flush=True)
+                        break
+                    if not isinstance(error, (LinkDown, RunFinished)):
                         raise  # a LinkFatal ends the actor
                     delay = backoff.after_failure(streamed=self.agent_steps > steps_before)
                     print(f"[actor {self.config.actor_index}] learner unavailable over {error.transport} ({error}); "

@@ -32,6 +32,7 @@ import torch
 from seed.config import LearnerConfig
 from seed.envs.base import EnvSpec
 from seed.learner.builder import build_learner
+from seed.learner.run_end import RunEnd
 from seed.metrics.episodes import PeriodicLogger, metrics_row, run_summary
 from seed.runtime.supervised_thread import ThreadDied
 from seed.transport import TransportSecurity
@@ -82,8 +83,12 @@ class Learner:
         return self.parts.training_loop.collect_updates(timeout_s)
 
     def run(self) -> dict[str, Any]:
-        """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary."""
+        """Serves actors and trains until `total_environment_frames` or a stop request; returns a summary. A run
+        that reached its end tells its actors so before it stops serving (seed/learner/run_end.py)."""
         config, parts = self.config, self.parts
+        run_end = RunEnd(parts.channels.slab, config.finished_linger_s, parts.stop_event)
+        if parts.training_loop.run_complete():  # resumed a finished run: every actor that dials in hears so
+            run_end.mark(parts.metrics.env_frames)
         self.bound_addresses = parts.supervision.start()
         print(f"[learner] agent={config.agent} env={config.env} listening on {', '.join(self.bound_addresses)} "
               f"num_envs={config.num_envs} logdir={config.logdir}", flush=True)
@@ -98,6 +103,8 @@ class Learner:
         try:
             failure = parts.training_loop.run(parts.supervision.poll)
             finished = True
+            if failure is None and not parts.stop_event.is_set() and parts.training_loop.run_complete():
+                run_end.linger(parts.metrics.env_frames)  # still serving: the actors exit 0 (seed/learner/run_end.py)
         finally:
             parts.supervision.stop(self.checkpoint if finished else None, failure,
                                    then=(logger.finish, parts.writer.close))

@@ -50,8 +50,12 @@ class TrainingLoop:
 
     def finished(self) -> bool:
         """A stop was requested, or --total_environment_frames or --max_train_steps is reached."""
+        return self.stop.is_set() or self.run_complete()
+
+    def run_complete(self) -> bool:
+        """--total_environment_frames or --max_train_steps is reached: the run is over (not merely stopped)."""
         config, metrics = self.config, self.metrics
-        return (self.stop.is_set() or metrics.env_frames >= config.total_environment_frames
+        return (metrics.env_frames >= config.total_environment_frames
                 or bool(config.max_train_steps and metrics.train_steps >= config.max_train_steps))
 
     def run(self, poll: Callable[[], ThreadFailure | None]) -> ThreadFailure | None:

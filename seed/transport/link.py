@@ -25,6 +25,8 @@ status) into this family, so the actor has one error path (`Actor.run`):
 
   LinkDown              the learner cannot be reached now, or this run ended (learner or serving process restarted,
                         connection lost, inference failed): reconnect with a new run id after a backoff
+  RunFinished           the learner's run is over (its total frames reached; told as `wire.RUN_FINISHED` on gRPC,
+                        by the slab's `run_finished` on shm): nothing more to do, the actor exits 0 (--exit_when_done)
   LinkFatal             retrying cannot help; the actor ends:
     ConfigurationError  the learner rejected this actor (handshake, token, a malformed step)
     SupersededError     a newer run of this actor index took the index over while this one was alive
@@ -47,6 +49,16 @@ class LinkError(RuntimeError):
 class LinkDown(LinkError):
     """The learner cannot be reached now, or this run ended: reconnect with a new run id after a backoff.
     `transport`: the one that failed ("grpc", "shm"), for the actor's log."""
+
+    def __init__(self, message: str, transport: str):
+        super().__init__(message)
+        self.transport = transport
+
+
+class RunFinished(LinkError):
+    """The learner said its run is over (seed/transport/slab.py: `finished_message`): the actor ends with status 0.
+    Only a learner that reached its end says so; one that restarts just goes away (LinkDown). `transport`: the
+    one that told it."""
 
     def __init__(self, message: str, transport: str):
         super().__init__(message)
@@ -85,7 +97,7 @@ class ActorLink(abc.ABC):
     def step(self, step: BatchStep) -> np.ndarray:
         """Hands one step of the K envs (frames [K, *obs], rewards, dones, truncations, finished episodes) to the
         learner; their actions, checked against the env spec: int32 [K] (Discrete) or float32 [K, D] (Box).
-        Raises LinkDown or a LinkFatal, nothing else of the transport's own."""
+        Raises LinkDown, RunFinished or a LinkFatal, nothing else of the transport's own."""
 
     def cancel(self) -> None:
         """Makes a `step` waiting in another thread end with LinkDown soon (request_stop, SIGTERM). The default

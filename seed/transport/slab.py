@@ -22,6 +22,9 @@ Layout (N = num_actors * envs_per_actor rows, A = num_actors slots):
   reply_seq      int64 [A]          request_seq of the request the slot's current reply answers
   reply_status   int8 [A]           REPLY_OK, REPLY_STALE, REPLY_FAILED or REPLY_INVALID
   reply_error    uint8 [A, 256]     REPLY_INVALID only: why, UTF-8, NUL-padded (names field, got, expected)
+  run_finished   int64 [2]          written by the learner once its run is over: [1, env frames at its end];
+                 [0, 0] while it trains (or restarts: a restarting learner never says finished)
+  told_finished  uint8 [A]          1 once the slot's actor was told the run is finished (by whichever transport)
 
 Protocol per request (serving side): mark the slot as being written (request_seq = -new seq), write the rows,
 request_run and arrival_s, publish the new request_seq, then notify inference through a pipe (a syscall: the
@@ -40,6 +43,11 @@ Actors on the learner's host may map the slab themselves (seed/transport/shm/lin
 writers live in several processes. `lock_slot` is the cross-process part of "one writer per slot": a POSIX
 record lock on byte `actor` of the slab's file, taken by every writer (the serving process's streams too) from
 the live-run check until the reply is read, and released by the kernel when its holder dies.
+
+The end of a run is in the slab too, so both transports say it alike: once the learner's run is over it writes
+`run_finished` (`mark_finished`), and every writer, a gRPC stream thread or an shm actor, checks it before each
+request and while it waits for a reply, tells its actor (`tell_finished` marks the slot's `told_finished`, which
+the learner reads to know when every actor has heard) and serves no more steps.
 """
 
 from __future__ import annotations
@@ -57,6 +65,12 @@ import numpy as np
 REPLY_OK, REPLY_STALE, REPLY_FAILED, REPLY_INVALID = 0, 1, 2, 3
 REPLY_ERROR_BYTES = 256
 _ALIGN = 64  # bytes; every array starts on a cache line
+
+
+def finished_message(env_frames: int) -> str:
+    """What an actor is told when the learner's run is over (both transports say the same)."""
+    return (f"run finished: the learner reached its end (--total_environment_frames or --max_train_steps) at "
+            f"env_frames={env_frames:,}; nothing more to act for")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,6 +108,7 @@ class SlabLayout:
             ("request_run", "int64", (a,)), ("request_seq", "int64", (a,)), ("arrival_s", "float64", (a,)),
             ("live_run", "int64", (a,)), ("reply_seq", "int64", (a,)), ("reply_status", "int8", (a,)),
             ("reply_error", "uint8", (a, REPLY_ERROR_BYTES)),
+            ("run_finished", "int64", (2,)), ("told_finished", "uint8", (a,)),
         ]
 
     def offsets(self) -> tuple[dict[str, int], int]:
@@ -196,6 +211,25 @@ class StepSlab:
 
     def error(self, actor: int) -> str:
         return self.reply_error[actor].tobytes().rstrip(b"\0").decode("utf-8", "replace")
+
+    def mark_finished(self, env_frames: int) -> None:
+        """The learner's run is over (its --total_environment_frames or --max_train_steps reached) at `env_frames`:
+        every writer tells its actor so instead of serving the next step (seed/transport/link.py: RunFinished)."""
+        self.run_finished[1] = env_frames
+        self.run_finished[0] = 1
+
+    def finished_frames(self) -> int | None:
+        """The env frames the learner's run finished at, or None while it runs."""
+        return int(self.run_finished[1]) if self.run_finished[0] else None
+
+    def tell_finished(self, actor: int) -> str | None:
+        """None while the run goes on; once it is finished, records that slot `actor`'s actor is being told and
+        returns what to tell it."""
+        frames = self.finished_frames()
+        if frames is None:
+            return None
+        self.told_finished[actor] = 1
+        return finished_message(frames)
 
     def lock_slot(self, actor: int, blocking: bool = True) -> bool:
         """Takes the cross-process write lock of slot `actor`; False if `blocking` is off and another process

@@ -18,6 +18,11 @@ from seed.envs.base import EnvSpec, EpisodeStats
 # (protos/seed.proto): the actor must exit instead of reconnecting, or two live actors of one index would
 # evict each other for ever. gRPC never produces this code by itself.
 SUPERSEDED = grpc.StatusCode.FAILED_PRECONDITION
+# The status that tells an actor the learner's run is over (its --total_environment_frames or --max_train_steps
+# reached): the actor exits 0 instead of reconnecting. A learner that stops for any other reason (SIGTERM, a
+# restart, a crash) never sends it, so UNAVAILABLE and a refused connection still mean "wait for it". gRPC never
+# produces this code by itself.
+RUN_FINISHED = grpc.StatusCode.OUT_OF_RANGE
 
 
 class WireError(ValueError):

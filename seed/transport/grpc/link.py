@@ -4,8 +4,9 @@
 Handshake and reads the HandshakeReply (`handshake`), then sends one StepBatch per step and reads the ActionBatch.
 Its errors are translated into the link family (seed/transport/link.py) by `link_error`: INVALID_ARGUMENT and
 UNAUTHENTICATED are the learner's refusal (ConfigurationError), `wire.SUPERSEDED` a newer run of the index
-(SupersededError), every other status (UNAVAILABLE, CANCELLED, a keepalive that timed out, ...) LinkDown; actions
-that fail `wire.decode_actions` are an InvalidReplyError.
+(SupersededError), `wire.RUN_FINISHED` the end of the learner's run (RunFinished), every other status
+(UNAVAILABLE, CANCELLED, a keepalive that timed out, ...) LinkDown; actions that fail `wire.decode_actions` are an
+InvalidReplyError.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from seed.transport.link import (
     InvalidReplyError,
     LinkDown,
     LinkError,
+    RunFinished,
     SupersededError,
 )
 
@@ -38,6 +40,8 @@ def link_error(error: grpc.RpcError) -> LinkError:
         return ConfigurationError(error.details())
     if code == wire.SUPERSEDED:
         return SupersededError(error.details())
+    if code == wire.RUN_FINISHED:
+        return RunFinished(error.details(), "grpc")
     return LinkDown(f"{code.name}: {error.details()}", "grpc")
 
 

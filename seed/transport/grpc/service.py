@@ -12,6 +12,9 @@ service grants it on TCP connections only and decompresses each observation once
 A malformed message ends only that actor's stream (INVALID_ARGUMENT naming the field, the value received
 and the value expected); a request of an actor run that a newer handshake for its index superseded ends with
 FAILED_PRECONDITION (`wire.SUPERSEDED`), which tells a still-live actor to exit; the other actors never notice.
+Once the learner's run is over (the slab's `run_finished`, seed/transport/slab.py) a new stream's handshake and a
+stream's next step, or a step still waiting for its reply, end with OUT_OF_RANGE (`wire.RUN_FINISHED`) and the
+details of `finished_message`: the actor exits 0.
 """
 
 from __future__ import annotations
@@ -164,9 +167,16 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         """Takes the slot's cross-process lock (an shm actor of this index may hold it for one round trip);
         polls rather than blocks, so a shutdown or a cancelled stream is not stuck behind a stopped process."""
         while not self.slab.lock_slot(actor, blocking=False):
+            self.end_if_finished(actor, context)
             if self.stop.is_set() or not context.is_active():
                 context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
             time.sleep(0.001)
+
+    def end_if_finished(self, actor: int, context: grpc.ServicerContext) -> None:
+        """Ends the stream with `wire.RUN_FINISHED` once the learner's run is over (the actor then exits 0)."""
+        told = self.slab.tell_finished(actor)
+        if told is not None:
+            context.abort(wire.RUN_FINISHED, told)
 
     def _write_and_wait(self, actor: int, run_id: int, arrays: tuple[np.ndarray, ...], request_fd: int,
                         context: grpc.ServicerContext) -> tuple[int, np.ndarray]:
@@ -174,6 +184,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         slab = self.slab
         if int(slab.live_run[actor]) != run_id:
             context.abort(wire.SUPERSEDED, self._replaced(actor, run_id))
+        self.end_if_finished(actor, context)
         left = slab.unanswered(actor)
         if left is not None:
             # A writer before us (a serving process before this one, or an shm actor) wrote this request and
@@ -205,6 +216,8 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
                     return
             elif self.stop.is_set():
                 context.abort(grpc.StatusCode.UNAVAILABLE, "learner is shutting down")
+            else:  # inference may never answer a run that is over (its sink or rollout gate waits on training)
+                self.end_if_finished(actor, context)
 
     def _replaced(self, actor: int, run_id: int) -> str:
         # Only a stream that is still alive reads this: a dead predecessor's stream has no one to tell.
@@ -233,6 +246,7 @@ class SlabService(seed_pb2_grpc.LearnerServicer):
         if handshake is None:
             return
         actor, run_id, num_envs = handshake.actor_index, handshake.run_id, handshake.num_envs
+        self.end_if_finished(actor, context)  # an actor that reconnects after the run ended learns it here
         codec = self.grant_compression(handshake, context)
         first_env_id = self.register(handshake, "grpc" if codec == compression.NONE else f"grpc+{codec}")
         yield seed_pb2.LearnerMessage(handshake_reply=seed_pb2.HandshakeReply(

@@ -8,7 +8,8 @@ thread per connection, never on a step's path:
    must carry the token the gRPC guard checks (`check_token`, the same function) when the learner has one;
 2. its Handshake goes through `SlabService.check_handshake`, the gRPC stream's check (actor index, K, run id,
    env spec), and `SlabService.register` makes its run the live one (a newer run of an index supersedes the
-   older, whichever transport either uses);
+   older, whichever transport either uses); once the learner's run is over it is refused with OUT_OF_RANGE
+   (`wire.RUN_FINISHED`, as a gRPC stream would be), and the actor exits 0;
 3. only then are the descriptors sent: the slab's memfd (its size sealed: seed/transport/slab.py), the write end
    of the request pipe of the actor's inference device (packet mode: seed/transport/notify.py) and the actor's
    reply eventfd (created by the learner, one per actor index; the serving process's gRPC streams of that index
@@ -203,6 +204,10 @@ class ShmHandover:
             self._refuse(connection, "INVALID_ARGUMENT", f"handshake rejected: {problem}")
             return None
         service, actor = self.service, handshake.actor_index
+        told = service.slab.tell_finished(actor)
+        if told is not None:  # the learner's run is over: the actor exits 0 (what gRPC says with RUN_FINISHED)
+            self._refuse(connection, wire.RUN_FINISHED.name, told)
+            return None
         first_env_id = service.register(handshake, "shm")
         layout = service.slab.layout
         fds = [layout.fd, service.request_fds[actor % len(service.request_fds)], service.reply_fds[actor]]

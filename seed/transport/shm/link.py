@@ -20,7 +20,9 @@ closing it (serving process or learner gone, shutdown) ends the run and the acto
 `ShmLink` is the shared-memory `ActorLink` (seed/transport/link.py): `step` is `exchange` plus the actions' check
 and the finished episodes' frame. Its errors are of the link family: ShmUnavailable is a LinkDown, ShmSuperseded a
 SupersededError, ShmRejected (INVALID_ARGUMENT, UNAUTHENTICATED: what the gRPC path refuses with) a
-ConfigurationError; a refusal with any other code (DEADLINE_EXCEEDED for a slow hello) is a ShmUnavailable.
+ConfigurationError; the end of the learner's run (a hello refused with OUT_OF_RANGE, `wire.RUN_FINISHED`, or the
+slab's `run_finished` seen before a request or while waiting for its reply) a RunFinished; a refusal with any
+other code (DEADLINE_EXCEEDED for a slow hello) is a ShmUnavailable.
 """
 
 from __future__ import annotations
@@ -39,7 +41,14 @@ import numpy as np
 from seed._proto import seed_pb2
 from seed.envs.base import BatchStep, EnvSpec
 from seed.transport import notify, wire
-from seed.transport.link import ActorLink, ConfigurationError, InvalidReplyError, LinkDown, SupersededError
+from seed.transport.link import (
+    ActorLink,
+    ConfigurationError,
+    InvalidReplyError,
+    LinkDown,
+    RunFinished,
+    SupersededError,
+)
 from seed.transport.shm import protocol as shm_protocol
 from seed.transport.slab import REPLY_INVALID, REPLY_OK, REPLY_STALE, SlabLayout, StepSlab
 
@@ -66,8 +75,11 @@ class ShmRejected(ConfigurationError):
 FATAL_CODES = ("INVALID_ARGUMENT", "UNAUTHENTICATED")  # the refusals a gRPC actor ends on too
 
 
-def refusal(code: str, details: str) -> ShmRejected | ShmUnavailable:
-    """The error of the learner's refusal frame: ShmRejected for FATAL_CODES, else ShmUnavailable (reconnect)."""
+def refusal(code: str, details: str) -> ShmRejected | ShmUnavailable | RunFinished:
+    """The error of the learner's refusal frame: ShmRejected for FATAL_CODES, RunFinished for `wire.RUN_FINISHED`
+    (the learner's run is over), else ShmUnavailable (reconnect)."""
+    if code == wire.RUN_FINISHED.name:
+        return RunFinished(details, "shm")
     return ShmRejected(code, details) if code in FATAL_CODES else ShmUnavailable(f"{code}: {details}")
 
 
@@ -188,6 +200,7 @@ class ShmLink(ActorLink):
         try:
             if int(slab.live_run[actor]) != self.run_id:
                 raise ShmSuperseded(self._superseded())
+            self._end_if_finished()
             left = slab.unanswered(actor)
             if left is not None:  # our predecessor died waiting (or before notifying): finish its request first
                 notify.send_request(self._request_fd, actor, left)
@@ -227,6 +240,7 @@ class ShmLink(ActorLink):
         """The slot's cross-process lock; waits (polling) while a predecessor's request holds it."""
         while not self.slab.lock_slot(self.actor, blocking=False):
             self._check_connection(0)
+            self._end_if_finished()
             if self._stop.is_set():
                 raise ShmUnavailable("actor stopping")
             time.sleep(0.001)
@@ -245,6 +259,14 @@ class ShmLink(ActorLink):
                     return
             if self._stop.is_set():
                 raise ShmUnavailable("actor stopping")
+            if not events:  # inference may never answer a run that is over (its sink or gate waits on training)
+                self._end_if_finished()
+
+    def _end_if_finished(self) -> None:
+        """Raises RunFinished once the learner's run is over (the slab's `run_finished`)."""
+        told = self.slab.tell_finished(self.actor)
+        if told is not None:
+            raise RunFinished(told, "shm")
 
     def _check_connection(self, timeout_ms: int) -> None:
         """Raises if the learner closed the handover connection or sent an error frame."""
