@@ -285,3 +285,133 @@ def test_a_learner_with_the_training_process_does_not_import_dynamo(tmp_path):
                                text=True, timeout=120)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "dynamo imported: False" in completed.stdout, completed.stdout + completed.stderr[-3000:]
+
+
+# A resumed run's optimizer: the hyperparameters it was started with now, the state (moments, step counts) the
+# checkpoint holds; an optimizer of another kind refused at resume, naming the flag.
+
+RESUMED_HYPERPARAMETERS = {  # the flags a checkpoint is made with, and the other values a resume is given
+    "adam": (dict(learning_rate=1e-3, adam_epsilon=1e-7, adam_beta1=0.9),
+             dict(learning_rate=1e-4, adam_epsilon=1e-5, adam_beta1=0.8)),
+    "clipped_lars": (dict(learning_rate=1e-3, lars_eta=1e-3, weight_decay=1e-4, momentum=0.9, lars_warmup_steps=0,
+                          lars_bn_bias_eta=0.0),
+                     dict(learning_rate=1e-4, lars_eta=2e-3, weight_decay=0.0, momentum=0.5, lars_warmup_steps=7,
+                          lars_bn_bias_eta=0.05)),
+}
+
+
+def hyperparameters(optimizer) -> list[dict]:
+    """Each parameter group's settings (everything but its tensors)."""
+    return [{key: value for key, value in group.items() if key != "params"} for group in optimizer.param_groups]
+
+
+def one_step_moves(learner) -> list[torch.Tensor]:
+    """How far one optimizer step on fixed gradients moves each parameter of an in-process learner (undone)."""
+    network = learner.parts.agent.network
+    before = [p.detach().clone() for p in network.parameters()]
+    generator = torch.Generator().manual_seed(7)
+    for p in network.parameters():
+        p.grad = torch.randn(p.shape, generator=generator)
+    learner.parts.optimizer.step()
+    moves = [p.detach() - b for p, b in zip(network.parameters(), before, strict=True)]
+    return moves
+
+
+@pytest.mark.parametrize("optimizer", sorted(RESUMED_HYPERPARAMETERS))
+def test_a_resumed_in_process_optimizer_steps_with_the_configured_hyperparameters(tmp_path, optimizer):
+    """--notraining_process: a checkpoint made at --learning_rate=1e-3 resumed with 1e-4 steps at 1e-4 (a tenth
+    of the move the same state makes at 1e-3), with the checkpoint's moments; every other hyperparameter flag
+    changed on resume is the one the optimizer holds too (torch's load_state_dict restores the saved ones)."""
+    saved_flags, new_flags = RESUMED_HYPERPARAMETERS[optimizer]
+    logdir = str(tmp_path / "run")
+    first = make_learner(logdir, optimizer=optimizer, **saved_flags)
+    train_in_process(first, 3)
+    first.checkpoint()
+    first._close()
+    _, saved = checkpoint.latest(logdir)
+    assert {group["lr"] for group in saved["optimizer"]["param_groups"]} == {1e-3}
+
+    at_old_rate = make_learner(logdir, optimizer=optimizer, **saved_flags)
+    at_new_rate = make_learner(logdir, optimizer=optimizer, **{**saved_flags, "learning_rate": 1e-4})
+    changed = make_learner(logdir, optimizer=optimizer, **new_flags)
+    fresh = make_learner(str(tmp_path / "fresh"), optimizer=optimizer, **new_flags)
+    try:
+        assert {group["lr"] for group in at_new_rate.parts.optimizer.param_groups} == {1e-4}
+        assert at_new_rate.parts.optimizer.state_dict()["state"].keys() == saved["optimizer"]["state"].keys()
+        old_moves, new_moves = one_step_moves(at_old_rate), one_step_moves(at_new_rate)
+        total = sum(float(move.abs().sum()) for move in new_moves) / sum(float(m.abs().sum()) for m in old_moves)
+        assert total == pytest.approx(0.1, rel=1e-3)
+        for old, new in zip(old_moves, new_moves, strict=True):
+            if float(old.abs().max()) > 1e-5:  # float32 parameters: tinier moves are their rounding (~1e-8)
+                torch.testing.assert_close(new, 0.1 * old, rtol=1e-3, atol=1e-7)
+        assert any(bool(move.abs().sum() > 0) for move in one_step_moves(changed))
+        assert hyperparameters(changed.parts.optimizer) == hyperparameters(fresh.parts.optimizer)
+    finally:
+        for learner in (at_old_rate, at_new_rate, changed, fresh):
+            learner._close()
+
+
+@pytest.mark.parametrize("training_process", [False, True], ids=["in_process", "training_process"])
+def test_a_checkpoint_of_another_optimizer_is_refused_at_resume_naming_the_flag(tmp_path, training_process):
+    """An Adam checkpoint resumed with --optimizer=clipped_lars is refused when the learner resumes (before it
+    serves), naming the flag, with the training process (whose child would fail only once started) and without
+    (where torch's load_state_dict would say only "a different number of parameter groups")."""
+    logdir = str(tmp_path / "run")
+    first = make_learner(logdir)
+    train_in_process(first, 1)
+    first.checkpoint()
+    first._close()
+    with pytest.raises(ValueError, match=r"checkpoint-00000001.pt does not fit the optimizer .*"
+                                                   r"--optimizer: was 'adam', now 'clipped_lars'"):
+        make_learner(logdir, training_process=training_process, optimizer="clipped_lars")
+
+
+RESUME_WITH_CLIPPED_LARS = """
+import sys
+from seed.learner.configuration import resolve_config
+from seed.learner.learner import Learner
+logdir = sys.argv[1]
+config = resolve_config(dict(env="fake:vector", logdir=logdir, server_address=f"unix:{logdir}/s", num_actors=1,
+                             envs_per_actor=2, inference_devices="cpu,cpu", torch_threads=1, keep_checkpoints=2,
+                             training_process=True, optimizer="clipped_lars"))
+try:
+    Learner(config)
+except ValueError as error:
+    print("refused:", error)
+print("dynamo imported:", "torch._dynamo" in sys.modules)
+"""
+
+
+def test_the_refusal_of_another_optimizer_builds_no_torch_optimizer_in_the_learner(tmp_path):
+    """With the training process the learner compares the checkpoint's configuration: it builds no torch
+    optimizer (which imports torch._dynamo) to find out that the state does not fit."""
+    logdir = str(tmp_path / "run")
+    first = make_learner(logdir)
+    train_in_process(first, 1)
+    first.checkpoint()
+    first._close()
+    completed = subprocess.run([sys.executable, "-c", RESUME_WITH_CLIPPED_LARS, logdir], capture_output=True,
+                               text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    assert "refused:" in completed.stdout and "--optimizer: was 'adam', now 'clipped_lars'" in completed.stdout, (
+        completed.stdout + completed.stderr[-3000:])
+    assert "dynamo imported: False" in completed.stdout, completed.stdout
+
+
+def test_seed_learner_refuses_another_optimizer_in_one_line_before_it_serves(tmp_path):
+    """The entry point: `seed-learner` on an Adam checkpoint with --optimizer=clipped_lars exits 2 with one line
+    naming the flag, no traceback, and never opens its socket."""
+    logdir = str(tmp_path / "run")
+    first = make_learner(logdir)
+    train_in_process(first, 1)
+    first.checkpoint()
+    first._close()
+    flags = dict(env="fake:vector", logdir=logdir, server_address=f"unix:{logdir}/s", num_actors=1, envs_per_actor=2,
+                 inference_devices="cpu,cpu", torch_threads=1, keep_checkpoints=2, optimizer="clipped_lars")
+    completed = subprocess.run([sys.executable, "-m", "seed.learner.main", *[f"--{k}={v}" for k, v in flags.items()]],
+                               capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2, completed.stderr[-3000:]
+    lines = completed.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("seed-learner: --logdir "), completed.stderr[-3000:]
+    assert "does not fit the optimizer" in lines[0] and "--optimizer: was 'adam', now 'clipped_lars'" in lines[0]
+    assert not os.path.exists(f"{logdir}/s")

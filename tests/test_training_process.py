@@ -437,3 +437,31 @@ def test_state_returns_before_the_updates_the_child_made_after_it(tmp_path):
     process.state(recorded.extend)
     assert [update.version for update in recorded] == [1]
     assert [update.version for update in process.receive(0.5)] == [2]
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "clipped_lars"])
+def test_a_resumed_training_process_steps_at_the_configured_learning_rate(processes, tmp_path, optimizer):
+    """A checkpoint made at --learning_rate=1e-3 resumed with 1e-4: the training process builds its optimizer
+    from the checkpoint's state and steps at 1e-4 (its state after the updates says so, with the step count
+    continued from the checkpoint's), not at the 1e-3 that torch's load_state_dict restores."""
+    from seed.learner.learner import Learner
+
+    first = Learner(_config(tmp_path, training_process=False, optimizer=optimizer, learning_rate=1e-3))
+    network = first.parts.agent.network
+    for _ in range(2):  # two real optimizer steps in the learner's process: the checkpoint holds their state
+        first.parts.optimizer.zero_grad()
+        sum((p * p).sum() for p in network.parameters()).backward()
+        first.parts.optimizer.step()
+    first.checkpoint()
+    first._close()
+    _, saved = checkpoint.latest(first.config.logdir)
+    assert {group["lr"] for group in saved["optimizer"]["param_groups"]} == {1e-3}
+
+    second = Learner(_config(tmp_path, optimizer=optimizer, learning_rate=1e-4, max_train_steps=2))
+    _run_to_max_train_steps(processes, tmp_path, second)
+    _, resumed = checkpoint.latest(second.config.logdir)
+    assert resumed["counters"]["train_steps"] == 2
+    assert {group["lr"] for group in resumed["optimizer"]["param_groups"]} == {1e-4}
+    state = resumed["optimizer"]["state"]
+    steps = {state["steps"]} if optimizer == "clipped_lars" else {int(s["step"]) for s in state.values()}
+    assert steps == {4}, steps  # 2 before the checkpoint + 2 in the training process

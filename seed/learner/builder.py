@@ -142,9 +142,11 @@ def build_learner(config: LearnerConfig, spec: EnvSpec | None = None,
     agent = type(config).agent_class(spec, config)
     agent.to(training_device)
     optimizer = learner_optimizer(agent, config)
-    with open(os.path.join(config.logdir, "config.json"), "w") as f:  # what seed-report --curves groups by
-        json.dump(dataclasses.asdict(config), f, indent=1, sort_keys=True)
     restored = resume(config, agent, optimizer)
+    # What seed-report --curves groups by; written once the checkpoint is known to fit (a refused resume leaves
+    # the run's own in place).
+    with open(os.path.join(config.logdir, "config.json"), "w") as f:
+        json.dump(dataclasses.asdict(config), f, indent=1, sort_keys=True)
     metrics = LearnerMetrics(spec.action_repeat, **(restored["counters"] if restored else {}))
     if restored:
         restore_rng_states(restored.get("rng"))

@@ -20,25 +20,46 @@ from seed.runtime import checkpoint
 from seed.training.optimizers import HeldOptimizerState, load_optimizer_state
 
 
+class CheckpointDoesNotFit(ValueError):
+    """The newest checkpoint of --logdir holds an agent or optimizer state that this configuration cannot load."""
+
+
 def resume(config: LearnerConfig, agent: Any,
            optimizer: torch.optim.Optimizer | HeldOptimizerState) -> dict[str, Any] | None:
     """Loads the newest loadable checkpoint of `config.logdir` into `agent` and `optimizer` and returns it (its
-    "counters" and "rng" are for the caller); None when there is none (a fresh start)."""
+    "counters" and "rng" are for the caller); None when there is none (a fresh start). The optimizer keeps the
+    checkpoint's state (moments, step counts) with this configuration's hyperparameters (--learning_rate, ...);
+    a state of another --optimizer is refused here, before the learner serves, with the training process too
+    (which builds the optimizer only once started). Raises CheckpointDoesNotFit naming the flags that changed."""
     found = checkpoint.latest(config.logdir)
     if not found:
         return None
     path, restored = found
+    saved = {"optimizer": "adam", **(restored.get("config") or {})}  # before --optimizer existed: Adam's state
     try:
         agent.load_state_dict(restored["agent"])
     except (RuntimeError, KeyError) as error:  # torch's "size mismatch" / "Missing key(s)", or a missing part
-        raise ValueError(f"--logdir {config.logdir}: its checkpoint {path} does not fit the agent this "
-                         f"configuration builds ({changed_flags(restored.get('config') or {}, vars(config))}); "
-                         f"resume with the checkpoint's flags or use a new --logdir. {error}") from error
-    load_optimizer_state(optimizer, restored["optimizer"])
+        raise does_not_fit(config, path, saved, "the agent", error) from error
+    if restored["optimizer"] is not None and saved["optimizer"] != config.optimizer:
+        raise does_not_fit(config, path, saved, "the optimizer")  # without building one (the training process does)
+    try:
+        load_optimizer_state(optimizer, restored["optimizer"])
+    except ValueError as error:  # torch's "different number of parameter groups" and the like
+        raise does_not_fit(config, path, saved, "the optimizer", error) from error
     counters = restored["counters"]
     print(f"[learner] resumed from {path}: "
           f"env_frames={counters['env_frames']:,} train_steps={counters['train_steps']:,}", flush=True)
     return restored
+
+
+def does_not_fit(config: LearnerConfig, path: str, saved: dict[str, Any], part: str,
+                 error: Exception | None = None) -> CheckpointDoesNotFit:
+    """The refusal of checkpoint `path` whose `part` ("the agent", "the optimizer") this configuration cannot
+    load, naming the flags that differ from the checkpoint's configuration `saved` (and torch's own `error`)."""
+    return CheckpointDoesNotFit(
+        f"--logdir {config.logdir}: its checkpoint {path} does not fit {part} this configuration builds "
+        f"({changed_flags(saved, vars(config))}); resume with the checkpoint's flags or use a new --logdir."
+        + (f" {error}" if error is not None else ""))
 
 
 def changed_flags(saved: dict[str, Any], now: dict[str, Any]) -> str:

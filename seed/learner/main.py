@@ -55,12 +55,13 @@ def main(argv: list[str]) -> None:
 
     from seed.contracts.agent import IncompatibleActionSpace
     from seed.experience.replay import ReplayDoesNotFit
+    from seed.learner.checkpointing import CheckpointDoesNotFit
     from seed.learner.learner import Learner
     from seed.learner.supervision import install_signal_handlers
 
     try:
         learner = Learner(config, security=security)
-    except (ReplayDoesNotFit, IncompatibleActionSpace) as error:
+    except (ReplayDoesNotFit, IncompatibleActionSpace, CheckpointDoesNotFit) as error:
         print(f"seed-learner: {error}", file=sys.stderr)
         sys.exit(2)
     install_signal_handlers(learner.request_stop)

@@ -157,11 +157,10 @@ class HeldOptimizerState:
         self.state = state
 
     def build(self, agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer:
-        """The optimizer itself, from this state (a learner with --training_process stepped in its own process,
-        as a library may: `Learner.train_step`)."""
+        """The optimizer itself, from this state and `config`'s hyperparameters (the training process; a learner
+        with --training_process stepped in its own process, as a library may: `Learner.train_step`)."""
         optimizer = make_optimizer(agent, config)
-        if self.state is not None:
-            optimizer.load_state_dict(self.state)
+        load_optimizer_state(optimizer, self.state)
         return optimizer
 
 
@@ -173,10 +172,30 @@ def learner_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimi
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer | HeldOptimizerState,
                          state: dict[str, Any] | None) -> None:
-    """`optimizer.load_state_dict(state)`, except that a checkpoint without optimizer state (None: written
-    before a training process reported one, so before any update) leaves a real optimizer fresh."""
-    if state is not None or isinstance(optimizer, HeldOptimizerState):
+    """Loads a checkpoint's optimizer state into `optimizer`: its moments and step counts, with the
+    hyperparameters `optimizer` was built with (`with_hyperparameters_of`). A checkpoint without optimizer state
+    (None: written before a training process reported one, so before any update) leaves a real optimizer fresh;
+    a HeldOptimizerState only holds the state (`build` applies the hyperparameters)."""
+    if isinstance(optimizer, HeldOptimizerState):
         optimizer.load_state_dict(state)
+    elif state is not None:
+        optimizer.load_state_dict(with_hyperparameters_of(optimizer, state))
+
+
+def with_hyperparameters_of(optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    """`state` (an optimizer state dict) with each parameter group's settings replaced by `optimizer`'s, which
+    it was built with from this run's flags: a run resumed with another --learning_rate, --adam_epsilon,
+    --lars_eta, ... steps with it, where torch's `load_state_dict` alone would restore the checkpoint's.
+
+    A setting only the checkpoint's group has is dropped: PPO's `initial_lr`, so its annealing restarts from the
+    configured rate and goes on from the update count. `state` itself is not changed; groups that differ in
+    number are left for `load_state_dict` to refuse."""
+    saved = state["param_groups"]
+    if len(saved) != len(optimizer.param_groups):
+        return state
+    groups = [{**{key: value for key, value in now.items() if key != "params"}, "params": before["params"]}
+              for before, now in zip(saved, optimizer.param_groups, strict=True)]
+    return {**state, "param_groups": groups}
 
 
 def make_optimizer(agent: Agent, config: LearnerConfig) -> torch.optim.Optimizer:
