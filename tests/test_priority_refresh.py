@@ -240,3 +240,19 @@ def test_muzero_refreshed_priorities_equal_the_losses_after_updates_in_the_train
     trainer.network.eval()
     expected = trainer.loss(TrainingBatch(Unroll.stack(stored), torch.ones(8))).priorities.double().numpy()
     np.testing.assert_allclose(_stored(replay, range(8)), expected, rtol=1e-4)
+
+
+def test_a_refresh_that_computes_nan_priorities_is_refused_naming_the_field(tmp_path):
+    """Priority Refresh writes through the replay's check: a network whose priorities are NaN (a diverged run)
+    stops the refresher's sweep with the field named, instead of storing them (as 1.0 in a uniform replay)."""
+    agent = Agent(make_spec("fake:vector", {}), _config(tmp_path))
+    replay, _ = _filled_replay(agent, 6)
+    publisher = ParameterPublisher(copy.deepcopy(agent.network), torch.device("cpu"))
+    refresher = PriorityRefresher(replay, lambda unrolls, network, target, version: torch.full(
+        (unrolls.reward.shape[1],), float("nan")), agent.network, agent.target_network, publisher, version=0,
+        target_update_interval=100, interval_s=0.1, batch_size=4, device=torch.device("cpu"), stop=threading.Event())
+    before = replay.tree.get(np.arange(6)).copy()
+    with pytest.raises(ValueError, match=r"replay refresh: priorities got nan, nan, nan at rows 0, 1, 2 of 4 \(4 in "
+                                         r"all\), expected finite values >= 0"):
+        refresher.sweep()
+    np.testing.assert_array_equal(replay.tree.get(np.arange(6)), before)

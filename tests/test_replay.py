@@ -209,3 +209,52 @@ def test_insert_reports_the_seconds_it_waited_for_the_replay_ratio():
     assert replay.sample(timeout_s=1) is not None
     thread.join(5)
     assert not thread.is_alive() and waited[0] >= 0.25
+
+
+BAD_PRIORITIES = [(np.nan, "nan"), (np.inf, "inf"), (-1.0, "-1")]
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+@pytest.mark.parametrize("bad, shown", BAD_PRIORITIES)
+def test_a_priority_that_is_not_finite_and_non_negative_is_refused_on_insert_naming_it(alpha, bad, shown):
+    """The raw priorities are checked, not p ** alpha: at alpha 0 (uniform replay) a diverged loss's NaN would be
+    stored as 1.0 and -1 at alpha 0.6 as about 6e-17 (or NaN). The whole batch is refused, nothing stored."""
+    replay = PrioritizedReplay(capacity=8, priority_exponent=alpha, importance_sampling_exponent=0.4, min_size=1,
+                               replay_ratio=1.0, batch_size=2, max_insert_lead=100)
+    replay.insert([_unroll(0)], np.array([1.0]))
+    with pytest.raises(ValueError, match=rf"replay insert: priorities got {shown} at row 2 of 3, expected finite "
+                                         r"values >= 0"):
+        replay.insert([_unroll(i) for i in range(3)], np.array([0.0, 2.0, bad]))
+    assert replay.inserted == 1 and replay.tree.total == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.6])
+@pytest.mark.parametrize("bad, shown", BAD_PRIORITIES)
+@pytest.mark.parametrize("method", ["update_priorities", "refresh_priorities"])
+def test_a_priority_that_is_not_finite_and_non_negative_is_refused_on_update_and_refresh(alpha, bad, shown, method):
+    """Training's updates and Priority Refresh's writes are checked the same way, stale slots' values too (a NaN
+    is a diverged loss wherever it lands); nothing of the batch is written."""
+    replay = PrioritizedReplay(capacity=4, priority_exponent=alpha, importance_sampling_exponent=0.4, min_size=1,
+                               replay_ratio=1e9, batch_size=2, max_insert_lead=100)
+    replay.insert([_unroll(i) for i in range(4)], np.ones(4))
+    before = replay.tree.get(np.arange(4)).copy()
+    field = "update" if method == "update_priorities" else "refresh"
+    with pytest.raises(ValueError, match=rf"replay {field}: priorities got {shown} at row 0 of 2, expected finite "
+                                         r"values >= 0"):
+        getattr(replay, method)(np.array([2, 3]), np.array([bad, 5.0]), replay._generations[[2, 3]])
+    np.testing.assert_array_equal(replay.tree.get(np.arange(4)), before)
+
+
+def test_a_negative_priority_exponent_is_refused():
+    with pytest.raises(ValueError, match=r"priority_exponent: got -0.5, expected >= 0"):
+        PrioritizedReplay(capacity=4, priority_exponent=-0.5, importance_sampling_exponent=0.4, min_size=1,
+                          replay_ratio=1.0, batch_size=2)
+
+
+@pytest.mark.parametrize("agent", ["r2d2", "muzero", "sac"])
+def test_the_learner_refuses_a_negative_priority_exponent_naming_the_flag(tmp_path, agent):
+    from seed.learner.configuration import resolve_config
+
+    with pytest.raises(ValueError, match=r"--priority_exponent: got -0.5, expected >= 0 \(0: uniform replay\)"):
+        resolve_config(dict(agent=agent, env="gym:Pendulum-v1" if agent == "sac" else "fake:vector",
+                            logdir=str(tmp_path), priority_exponent=-0.5))

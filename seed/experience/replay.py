@@ -126,6 +126,22 @@ def check_fits_in_memory(capacity: int, bytes_per_sequence: int, available_bytes
             f"({available_bytes / 2**30:.1f} GiB) of memory are available")
 
 
+def checked_priorities(priorities: np.ndarray, where: str) -> np.ndarray:
+    """`priorities` [n] as float64, after one vectorised check that each is finite and >= 0: the raw values, not
+    p ** alpha (at alpha 0, uniform replay, a diverged loss's NaN would become 1.0). A bad one is refused naming
+    `where` (insert, update, refresh), the first bad values and their rows."""
+    values = np.asarray(priorities, np.float64)
+    bad = ~(np.isfinite(values) & (values >= 0))
+    if bad.any():
+        rows = np.flatnonzero(bad)
+        shown = ", ".join(f"{value:g}" for value in values[rows[:3]])
+        where_rows = ("row " if len(rows) == 1 else "rows ") + ", ".join(str(row) for row in rows[:3])
+        more = f" ({len(rows)} in all)" if len(rows) > 3 else ""
+        raise ValueError(f"replay {where}: priorities got {shown} at {where_rows} of {values.size}{more}, "
+                         "expected finite values >= 0 (a NaN or inf priority is a loss that diverged)")
+    return values
+
+
 class PrioritizedReplay:
     """Args:
       capacity: sequences held (FIFO ring).
@@ -145,6 +161,8 @@ class PrioritizedReplay:
             raise ValueError(f"replay_min_size: got {min_size}, expected <= replay_capacity ({capacity})")
         if replay_ratio <= 0:
             raise ValueError(f"replay_ratio: got {replay_ratio}, expected > 0")
+        if priority_exponent < 0:
+            raise ValueError(f"priority_exponent: got {priority_exponent}, expected >= 0 (0: uniform sampling)")
         self.capacity = capacity
         self.alpha = priority_exponent
         self.beta = importance_sampling_exponent
@@ -200,7 +218,9 @@ class PrioritizedReplay:
     # -- API ---------------------------------------------------------------------------------------------------
     def insert(self, unrolls: list[Unroll], priorities: np.ndarray) -> float:
         """Adds sequences with their initial priorities; blocks while inserts run too far ahead of sampling.
-        Returns the seconds it was blocked so (the replay ratio's back-pressure)."""
+        Returns the seconds it was blocked so (the replay ratio's back-pressure). A priority that is not finite
+        and >= 0 refuses the whole batch before any is stored."""
+        priorities = checked_priorities(priorities, "insert")
         waited_s = 0.0
         for unroll, priority in zip(unrolls, priorities, strict=True):
             with self._lock:
@@ -266,6 +286,7 @@ class PrioritizedReplay:
     def update_priorities(self, indices: np.ndarray, priorities: np.ndarray, generations: np.ndarray) -> None:
         """Sets the priorities [B] of sampled slots [B]; a slot whose generation is no longer the sampled one
         [B] holds a newer sequence, so its update is dropped (and counted in `stale_priority_updates`)."""
+        priorities = checked_priorities(priorities, "update")
         with self._lock:
             written = self._set_current_priorities(indices, priorities, generations)
             self.stale_priority_updates += len(indices) - written
@@ -274,6 +295,7 @@ class PrioritizedReplay:
     def refresh_priorities(self, indices: np.ndarray, priorities: np.ndarray, generations: np.ndarray) -> int:
         """Priority Refresh: as `update_priorities`, for slots [B] read with `read` at `generations` [B]; a slot
         written since keeps its new sequence's priority. Returns how many priorities were set."""
+        priorities = checked_priorities(priorities, "refresh")
         with self._lock:
             written = self._set_current_priorities(indices, priorities, generations)
             self.stale_priority_refreshes += len(indices) - written
@@ -281,10 +303,11 @@ class PrioritizedReplay:
             return written
 
     def _set_current_priorities(self, indices: np.ndarray, priorities: np.ndarray, generations: np.ndarray) -> int:
-        """Sets the priorities of the slots still holding the sampled generation; how many. Under the lock."""
+        """Sets the priorities (checked float64 [B]) of the slots still holding the sampled generation; how many.
+        Under the lock."""
         indices = np.asarray(indices, np.int64)
         current = self._generations[indices] == np.asarray(generations, np.int64)
-        self.tree.set(indices[current], np.asarray(priorities, np.float64)[current] ** self.alpha)
+        self.tree.set(indices[current], priorities[current] ** self.alpha)
         self._priority_set_s[indices[current]] = time.monotonic()
         return int(current.sum())
 

@@ -167,6 +167,9 @@ def validate(config: LearnerConfig) -> None:
     for name, ok, expected in checks:
         if not ok:
             raise ValueError(f"--{name}: got {getattr(config, name)!r}, expected {expected}")
+    # Sampling goes by p ** alpha: a negative alpha would sample the lowest priorities most.
+    if isinstance(config, ReplayOptions) and not config.priority_exponent >= 0:
+        raise ValueError(f"--priority_exponent: got {config.priority_exponent!r}, expected >= 0 (0: uniform replay)")
     if config.sync == "async" and config.sync_lag != 1:
         raise ValueError(f"--sync_lag: got {config.sync_lag} with --sync=async, expected 1 (the default): it sets the "
                          "policy lag of --sync=hts")
