@@ -40,7 +40,7 @@ _INSTALL_HINT = "run `make football` (it calls launch/install_football.sh) to bu
 
 
 def _gfootball():
-    """Imports gfootball.env, with an actionable error when it is missing."""
+    """Imports gfootball.env, with an actionable error (ImportError) when it is missing."""
     # Never open a window: the engine runs headless (render=False) and SDL must not look for a display.
     os.environ.setdefault("SDL_VIDEODRIVER", "dummy")
     try:
@@ -49,7 +49,7 @@ def _gfootball():
         with contextlib.redirect_stderr(io.StringIO()):
             import gfootball.env as football_env
     except ImportError as e:
-        raise RuntimeError(f"--env=football: gfootball is not importable ({e}); {_INSTALL_HINT}") from e
+        raise ImportError(f"--env=football: gfootball is not importable ({e}); {_INSTALL_HINT}") from e
     _quiet_episode_lines()
     return football_env
 

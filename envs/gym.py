@@ -55,7 +55,14 @@ class GymEnv:
                 # MuJoCo's renderer defaults to GLFW, which needs a display ("an OpenGL platform library has not
                 # been loaded"); headless, it draws through EGL (read when the env's renderer starts).
                 os.environ.setdefault("MUJOCO_GL", "egl")
-        self._env = gymnasium.make(env_id, render_mode="rgb_array" if render_rgb else None)
+        try:
+            self._env = gymnasium.make(env_id, render_mode="rgb_array" if render_rgb else None)
+        except (gymnasium.error.UnregisteredEnv, gymnasium.error.DeprecatedEnv) as error:  # a name it lacks
+            raise ValueError(f"--env=gym:{env_id}: unknown gymnasium id ({error}), expected a registered gymnasium "
+                             "id such as CartPole-v1 or Hopper-v5 (python -c 'import gymnasium; "
+                             "gymnasium.pprint_registry()' lists them)") from None
+        except gymnasium.error.DependencyNotInstalled as error:  # a package to install, not a wrong name
+            raise ImportError(f"--env=gym:{env_id}: {error}") from error
         if not isinstance(self._env.observation_space, gymnasium.spaces.Box):
             raise ValueError(f"--env=gym:{env_id}: observation space is {self._env.observation_space}, expected Box")
         self._seed = seed

@@ -367,6 +367,11 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
         raise UserError(check_wandb_mode(options.wandb_mode))
     path, state = load_checkpoint(options.logdir, options.checkpoint)
     config = check_checkpoint(state, path, options.agent, options.env)
+    try:  # the checkpoint's env as this installation knows it (a renamed game, a plug-in family not loaded)
+        spec = make_spec(config.env, config.env_options())
+        env_options = {**config.env_options(), **evaluation_options(config.env)}
+    except ValueError as error:
+        raise UserError(f"checkpoint {path}: {error}") from None
     if "eval_greedy" in explicit:
         if "eval_greedy" not in {f.name for f in dataclasses.fields(config)}:
             raise UserError(f"--eval_greedy: got {options.eval_greedy} for a checkpoint of --agent={config.agent}, "
@@ -377,9 +382,7 @@ def evaluate(options: EvalConfig, explicit: set[str]) -> dict[str, Any]:
         check_video(options.video, options.video_fps)
     torch.manual_seed(seed)
     np.random.seed(seed % 2**32)
-    env_options = {**config.env_options(), **evaluation_options(config.env), "seed": seed,
-                   "render_rgb": bool(options.video)}
-    spec = make_spec(config.env, config.env_options())
+    env_options.update(seed=seed, render_rgb=bool(options.video))
     try:
         check_action_space(type(config).agent_class, spec, config.agent)
     except ValueError as error:

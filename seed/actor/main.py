@@ -38,6 +38,13 @@ def main(argv: list[str]) -> None:
     if config.env_groups_error():
         print(f"seed-actor: {config.env_groups_error()}", file=sys.stderr)
         sys.exit(2)
+    from seed.envs import make_spec
+
+    try:  # a name the env family does not know, in its words, before any env or connection is made
+        make_spec(config.env, config.env_options())
+    except ValueError as error:
+        print(f"seed-actor: {error}", file=sys.stderr)
+        sys.exit(2)
     from seed.actor.env_groups import make_actor
     from seed.transport import TransportConfigError
     from seed.transport.link import ConfigurationError, InvalidReplyError, SupersededError

@@ -106,7 +106,19 @@ def resolve_config(explicit: dict[str, Any]) -> LearnerConfig:
     agent.derive_config(config, explicit)
     validate(config)
     agent.check_config(config)
+    check_env(config)
     return config
+
+
+def check_env(config: LearnerConfig) -> None:
+    """Builds --env's spec once, so that a name its family does not know (`--env=atari:Pongg`) is refused while
+    the flags resolve, --print_config included, in the family's words (a ValueError naming the flag, the value
+    and what is expected). A family whose own package is missing here (ImportError) is not refused: its flags
+    still resolve and print, and the run says what to install when it builds the env."""
+    try:
+        envs.make_spec(config.env, config.env_options())
+    except ImportError:
+        pass
 
 
 def _refuse_other_agents_flags(config_class: type, agent_name: str, *layers: dict[str, Any]) -> None:
