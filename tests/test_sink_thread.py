@@ -106,4 +106,7 @@ def test_the_replay_sink_splits_its_time_into_priorities_copies_and_the_ratio_wa
     # It waited at least most of the 0.2 s join above (its clock starts after the thread's own start-up, which
     # under a loaded test machine took up to some tens of ms: 149.6 ms was measured once).
     assert result[0]["ratio_wait_ms"] >= 100
+    # The copies alone (a 3-step unroll: well under a millisecond) are insert_ms; the wait is not counted in it
+    # twice (insert_ms >= ratio_wait_ms if it were).
+    assert 0.0 <= result[0]["insert_ms"] < 0.5 * result[0]["ratio_wait_ms"], result[0]
     stop.set()
