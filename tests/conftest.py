@@ -87,8 +87,8 @@ class Processes:
 
 def _registries() -> tuple[dict, dict]:
     """Copies of the env-family and agent registries (envs.FAMILIES, agents.registry.AGENTS)."""
-    from agents import registry
     from seed import envs
+    from seed.agents import registry  # the module plug-ins register in (`agents.registry` would be a second copy)
 
     return dict(envs.FAMILIES), dict(registry.AGENTS)
 
@@ -111,8 +111,8 @@ def plugin_in_this_process():
     it, or re-running it when an earlier test imported it); both registries are restored after the test."""
     import importlib
 
-    from agents import registry
     from seed import envs
+    from seed.agents import registry
 
     families, agents = _registries()
 

@@ -167,7 +167,8 @@ def test_agents_that_take_discrete_actions_refuse_a_box_env(agent):
     check_action_space(registry.agent_class(agent), make_spec("gym:CartPole-v1"), agent)  # accepted
 
 
-def test_a_box_agent_refuses_a_discrete_env_and_a_bad_declaration_is_named():
+def test_a_box_agent_refuses_a_discrete_env_and_a_bad_declaration_is_named(plugin_in_this_process):
+    plugin_in_this_process("tests.toy_box_agent")  # importing it registers toy_box: restored after the test
     from tests.toy_box_agent.agent import ToyBoxAgent
 
     with pytest.raises(IncompatibleActionSpace, match=r"^--env=gym:CartPole-v1: got a Discrete\(2\) action space; "
@@ -204,8 +205,8 @@ def _box_inference(agent_class, unrolls: list):
     slab.live_run[:] = 1
     config = SimpleNamespace(toy_box_hidden_size=4, toy_box_nan_env_id=-1, discounting=0.99)
     agent = agent_class(PENDULUM, config)
-    outputs = InferenceOutputs(reply=lambda actors: None, sink=unrolls.extend, on_episodes=lambda episodes: None,
-                               on_batch=lambda rows, latencies: None)
+    outputs = InferenceOutputs(reply=lambda actors: None, sink=lambda batch: unrolls.extend(batch.unbind()),
+                               on_episodes=lambda episodes: None, on_batch=lambda rows, latencies: None)
     return CentralInference(InferenceModel(agent, agent.network, torch.device("cpu")), slab, UnrollLayout(2), outputs)
 
 
@@ -214,11 +215,13 @@ def _pendulum_step(actor: int, t: int) -> tuple:
     return actor, 1, observation, np.full(2, -1.0, np.float32), np.zeros(2, bool), np.zeros(2, bool)
 
 
-def test_inference_answers_float32_action_vectors_and_stores_them_as_columns():
+def test_inference_answers_float32_action_vectors_and_stores_them_as_columns(plugin_in_this_process):
     """Two actors of 2 envs, 3 steps through the slab: each reply is float32 [2, 1] in [-2, 2]; the unrolls of
     3 steps hold action and prev_action float32 [3, 1], prev_action[t + 1] == action[t] and prev_action[0] == 0
     (a fresh env)."""
     from seed.transport.slab import REPLY_OK
+
+    plugin_in_this_process("tests.toy_box_agent")
     from tests.toy_box_agent.agent import ToyBoxAgent
 
     unrolls: list = []
@@ -240,9 +243,11 @@ def test_inference_answers_float32_action_vectors_and_stores_them_as_columns():
         np.testing.assert_array_equal(unroll.prev_action.numpy(), np.concatenate([[[0.0]], expected[:-1]]))
 
 
-def test_inference_refuses_an_agent_s_actions_of_the_wrong_shape():
+def test_inference_refuses_an_agent_s_actions_of_the_wrong_shape(plugin_in_this_process):
     """An agent answering [B] instead of [B, 1] fails its batch (REPLY_FAILED for its actors), naming the shapes."""
     from seed.transport.slab import REPLY_FAILED
+
+    plugin_in_this_process("tests.toy_box_agent")
     from tests.toy_box_agent.agent import ToyBoxAgent
 
     class Flat(ToyBoxAgent):
