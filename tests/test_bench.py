@@ -123,7 +123,7 @@ def test_unroll_packing_keeps_every_field():
 
     unrolls = [Unroll({"reward": torch.full((5,), float(i)), "observation": torch.zeros(5, 3, dtype=torch.uint8)},
                       {"lstm_h": torch.full((4,), float(i))}, torch.tensor(i)) for i in range(3)]
-    back = unpack_unrolls(pack_unrolls(unrolls))
+    back = unpack_unrolls(pack_unrolls(Unroll.stack(unrolls))).unbind()
     assert [int(u.env_id) for u in back] == [0, 1, 2]
     assert torch.equal(back[2].steps["reward"], unrolls[2].steps["reward"])
     assert torch.equal(back[1].initial_state["lstm_h"], unrolls[1].initial_state["lstm_h"])

@@ -36,10 +36,11 @@ def test_vtrace_never_trains_on_eval_envs(tmp_path):
     learner = Learner(_config(tmp_path, num_eval_envs=1, batch_size=1))
     try:
         learner.parts.sink.start()
-        learner.parts.sink.put([_unroll(e) for e in range(4)])  # env 3 is the eval env (the last of 4)
+        # One batch of the four envs' unrolls, as the unroll store emits it; env 3 is the eval env (the last of 4).
+        learner.parts.sink.put(Unroll.stack([_unroll(e) for e in range(4)]))
         queued = []
-        while (unroll := learner.parts.experience.queue.get(1.0)) is not None:
-            queued.append(int(unroll.env_id))
+        while (batch := learner.parts.experience.queue.get(1.0)) is not None:
+            queued.extend(batch.env_id.tolist())
         assert sorted(queued) == [0, 1, 2]
     finally:
         learner.parts.stop_event.set()

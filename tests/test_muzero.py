@@ -229,7 +229,7 @@ def test_act_stores_the_search_policy_and_root_value_and_a_training_step_updates
     emitted: list[Unroll] = []
 
     def sink(unrolls):
-        emitted.extend(unrolls)
+        emitted.extend(unrolls.unbind())
         learner.parts.experience.sink(unrolls)
 
     learner.parts.inferences[0].sink = sink

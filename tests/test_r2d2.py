@@ -45,7 +45,7 @@ def test_burn_in_reaches_the_state_inference_had_at_the_first_trained_step(tmp_p
     learner = _learner(_config(tmp_path, num_eval_envs=0))
     inference = learner.parts.inferences[0]
     emitted: list[Unroll] = []
-    inference.sink = emitted.extend
+    inference.sink = lambda batch: emitted.extend(batch.unbind())
     states_after = {}  # global step g -> state row of env 0 after processing step g
     for g in range(20):
         done = np.array([g == 11, False])  # an episode boundary inside a burn-in prefix
@@ -380,8 +380,7 @@ def test_initial_priorities_use_the_stored_q_values_after_the_burn_in(tmp_path):
     agent = _tiny_agent(tmp_path, burn_in=1, unroll_length=2, n_steps=1, discounting=0.5,
                         value_rescaling_epsilon=0.0, priority_eta=0.9)
     batch = _hand_batch(with_burn_in=1)
-    unrolls = [Unroll({k: v[:, b] for k, v in batch.steps.items()}, {}, batch.env_id[b]) for b in range(2)]
-    priorities = agent.initial_priorities(unrolls)
+    priorities = agent.initial_priorities(Unroll(batch.steps, {}, batch.env_id))  # as the replay sink hands it
     # |td| = (.5, 1) and (masked, 1): eta max + (1 - eta) mean over the valid transitions.
     assert priorities.tolist() == pytest.approx([0.9 * 1.0 + 0.1 * 0.75, 0.9 * 1.0 + 0.1 * 1.0])
 

@@ -117,7 +117,7 @@ def test_replay_checkpoint_is_not_torn_by_a_concurrent_insert(tmp_path, monkeypa
     replay = PrioritizedReplay(capacity=capacity, priority_exponent=1.0, importance_sampling_exponent=0.0,
                                min_size=1, replay_ratio=1e9, batch_size=2, seed=0, max_insert_lead=100)
     replay.insert([_unroll(i) for i in range(capacity)], np.arange(1.0, capacity + 1))
-    experience = ReplayExperience(replay, lambda unrolls: np.ones(len(unrolls)), lambda ids: ids < 0,
+    experience = ReplayExperience(replay, lambda unrolls: np.ones(unrolls.batch_size), lambda ids: ids < 0,
                                   torch.device("cpu"), checkpoint=True)
     real_save = torch.save
     insert_done = threading.Event()

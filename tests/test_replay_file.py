@@ -26,8 +26,8 @@ def _experience(*values: int, capacity: int = CAPACITY) -> ReplayExperience:
                                min_size=1, replay_ratio=1e9, batch_size=1, seed=0, max_insert_lead=100)
     if values:
         replay.insert([_unroll(v) for v in values], np.array(values, float) + 1)
-    return ReplayExperience(replay, lambda unrolls: np.ones(len(unrolls)), lambda ids: ids < 0, torch.device("cpu"),
-                            checkpoint=True)
+    return ReplayExperience(replay, lambda unrolls: np.ones(unrolls.batch_size), lambda ids: ids < 0,
+                            torch.device("cpu"), checkpoint=True)
 
 
 def _rewards(experience: ReplayExperience) -> list[float]:

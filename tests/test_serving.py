@@ -45,7 +45,7 @@ def learner(tmp_path):
     learner.parts.channels.slab.live_run[:] = 1
     learner.unrolls = []
     learner.replies = []
-    learner.parts.inferences[0].sink = learner.unrolls.extend
+    learner.parts.inferences[0].sink = lambda batch: learner.unrolls.extend(batch.unbind())
     learner.parts.inferences[0].reply = learner.replies.append
     yield learner
     learner._close()
@@ -123,7 +123,7 @@ def test_rows_from_several_actors_are_served_in_one_batch(learner):
     assert (write_index[:K] == 1).all() and (write_index[2 * K:] == 1).all()
     # The step went into the unroll store with the actor's own observation rows.
     observation = inference.unroll_store.steps["observation"]
-    assert (observation[2 * K:3 * K, 0] == 2.0).all() and (observation[:K, 0] == 0.0).all()
+    assert (observation[0, 2 * K:3 * K] == 2.0).all() and (observation[0, :K] == 0.0).all()  # time-major
 
 
 def test_actor_replaced_while_its_request_waits_gets_stale_and_fresh_rows(learner):
@@ -146,8 +146,8 @@ def test_actor_replaced_while_its_request_waits_gets_stale_and_fresh_rows(learne
     assert inference.actor_run.tolist() == [1, 2, 0]
     assert (inference.unroll_store.write_index[K:2 * K] == 1).all()  # fresh rows: partial unroll discarded
     # First contact of the new run is an episode start with reward 0.
-    assert inference.unroll_store.steps["done"][K:2 * K, 0].all()
-    assert (inference.unroll_store.steps["reward"][K:2 * K, 0] == 0).all()
+    assert inference.unroll_store.steps["done"][0, K:2 * K].all()
+    assert (inference.unroll_store.steps["reward"][0, K:2 * K] == 0).all()
 
 
 def test_outdated_notification_is_ignored(learner):
@@ -206,7 +206,7 @@ def test_slot_rewritten_while_inference_reads_it_is_dropped(learner, in_progress
     assert learner.replies == [] and int(slab.reply_seq[0]) == old_seq - 1  # dropped, not answered
     assert inference.actor_run.tolist() == [1, 0, 0]
     assert (inference.unroll_store.write_index[:K] == 2).all()  # nothing recorded
-    assert (inference.unroll_store.steps["observation"][:K, :2] == 1.0).all()
+    assert (inference.unroll_store.steps["observation"][:2, :K] == 1.0).all()
     if in_progress:
         slab.write_request(0, 2, *_step(0, run_id=2, reward=5.0, observation=np.full((K, 8), 2.0, np.float32))[2:])
     inference.run_batch(np.array([0]), np.array([int(slab.request_seq[0])]))  # the new run's own notification
@@ -214,8 +214,8 @@ def test_slot_rewritten_while_inference_reads_it_is_dropped(learner, in_progress
     assert inference.actor_run.tolist() == [2, 0, 0]
     store = inference.unroll_store
     assert (store.write_index[:K] == 1).all()  # the new run's first step, on fresh rows
-    assert (store.steps["observation"][:K, 0] == 2.0).all()
-    assert store.steps["done"][:K, 0].all() and (store.steps["reward"][:K, 0] == 0).all()
+    assert (store.steps["observation"][0, :K] == 2.0).all()  # time-major: [step, env]
+    assert store.steps["done"][0, :K].all() and (store.steps["reward"][0, :K] == 0).all()
 
 
 def test_unroll_store_failure_leaves_no_unroll_across_the_missing_step(learner):

@@ -19,6 +19,11 @@ def _unroll(env_id: int, length: int = 3) -> Unroll:
                   {}, torch.tensor(env_id))
 
 
+def _batch(*env_ids: int) -> Unroll:
+    """The time-major batch the unroll store emits, of one unroll per env id."""
+    return Unroll.stack([_unroll(env_id) for env_id in env_ids])
+
+
 def _wait_for(condition, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
     while not condition():
@@ -30,14 +35,14 @@ def test_batches_arrive_in_order_none_dropped_and_stages_are_recorded():
     stop, received, recorded = threading.Event(), [], []
 
     def sink(unrolls):
-        received.extend(int(u.env_id) for u in unrolls)
+        received.extend(unrolls.env_id.tolist())
         time.sleep(0.002)
         return {"priorities_ms": 1.5}
 
     thread = SinkThread(sink, stop, depth=2, record=recorded.append)
     thread.start()
     for first in range(0, 60, 3):
-        thread.put([_unroll(first + i) for i in range(3)])
+        thread.put(_batch(*range(first, first + 3)))
     _wait_for(lambda: len(received) == 60)
     stop.set()
     thread.thread.join(5)
@@ -54,7 +59,7 @@ def test_a_blocked_sink_blocks_put_once_the_hand_off_queue_is_full():
 
     def producer():
         for i in range(4):  # one in the sink, two queued, the fourth must wait
-            thread.put([_unroll(i)])
+            thread.put(_batch(i))
         put_done.set()
 
     threading.Thread(target=producer, daemon=True).start()
@@ -72,7 +77,7 @@ def test_a_failing_sink_ends_its_thread_with_the_error_kept():
 
     thread = SinkThread(sink, stop)
     thread.start()
-    thread.put([_unroll(0)])
+    thread.put(_batch(0))
     thread.thread.join(5)
     assert not thread.thread.is_alive()
     assert "ValueError: replay refused a sequence" in thread.thread.failure.traceback
@@ -86,18 +91,18 @@ def test_the_replay_sink_splits_its_time_into_priorities_copies_and_the_ratio_wa
 
     def slow_priorities(unrolls):
         time.sleep(0.05)
-        return np.ones(len(unrolls))
+        return np.ones(unrolls.batch_size)
 
     experience = ReplayExperience(replay, slow_priorities, lambda env_ids: env_ids >= 100, torch.device("cpu"),
                                   checkpoint=False)
-    stages = experience.sink([_unroll(0), _unroll(1), _unroll(100)])  # env 100 evaluates: not inserted
+    stages = experience.sink(_batch(0, 1, 100))  # env 100 evaluates: not inserted
     assert replay.inserted == 2
     assert stages["priorities_ms"] == pytest.approx(50, abs=40) and stages["ratio_wait_ms"] == 0.0
     assert stages["insert_ms"] >= 0.0
-    assert experience.sink([_unroll(100)]) == {}
-    experience.sink([_unroll(2)])  # one ahead of the ratio: allowed
+    assert experience.sink(_batch(100)) == {}
+    experience.sink(_batch(2))  # one ahead of the ratio: allowed
     result = []
-    thread = threading.Thread(target=lambda: result.append(experience.sink([_unroll(3)])))
+    thread = threading.Thread(target=lambda: result.append(experience.sink(_batch(3))))
     thread.start()
     thread.join(0.2)
     assert thread.is_alive()  # waits for the ratio: training is behind

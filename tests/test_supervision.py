@@ -123,7 +123,7 @@ def test_learner_whose_prefetcher_dies_stops_with_the_error_and_a_checkpoint(tmp
     def broken_next_unroll(timeout_s):
         raise OSError("prefetcher lost its queue")
 
-    learner.parts.experience.prefetcher._next_unroll = broken_next_unroll  # the fault, injected into the real thread
+    learner.parts.experience.prefetcher._next_unrolls = broken_next_unroll  # the fault, injected into the real thread
     raised = []
 
     def run():

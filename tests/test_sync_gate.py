@@ -501,7 +501,7 @@ def test_an_hts_batch_with_a_second_unroll_of_one_env_is_refused():
         if not env_ids:
             time.sleep(timeout_s)
             return None
-        return Unroll({"reward": torch.zeros(3)}, {}, torch.tensor(env_ids.pop(0)))
+        return Unroll({"reward": torch.zeros(3, 1)}, {}, torch.tensor([env_ids.pop(0)]))  # a batch of one
 
     prefetcher = Prefetcher(next_unroll, 3, torch.device("cpu"), stop, sort_by_env=True)
     prefetcher.start()
@@ -509,7 +509,8 @@ def test_an_hts_batch_with_a_second_unroll_of_one_env_is_refused():
     stop.set()
     assert prefetcher.thread.failure is not None, "the prefetcher accepted two unrolls of env 0 in one batch"
     failure = prefetcher.thread.failure.traceback
-    assert "second unroll of env 0 with 2 of 3 unrolls collected (env ids [0, 1])" in failure, failure
+    expected = "second unroll of env 0 at position 2 of 3 (the first at 1; env ids in arrival order [1, 0, 0])"
+    assert expected in failure, failure
 
 
 # ------------------------------------------------------------------------------------------- learner process

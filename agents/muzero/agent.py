@@ -253,11 +253,11 @@ class MuZeroAgent(contract.Agent):
         return stacked
 
     @torch.no_grad()
-    def initial_priorities(self, unrolls: list[Unroll]) -> np.ndarray:
-        """Priorities at insertion from the stored search values: |root value - n-step target| over the sequence's
-        starts, the target bootstrapped with the stored root values too (EfficientZero's new-data priority uses
-        the root value the actor saw)."""
-        batch = Unroll.stack(unrolls)
+    def initial_priorities(self, unrolls: Unroll) -> np.ndarray:
+        """Priorities at insertion (a time-major batch) from the stored search values: |root value - n-step
+        target| over the sequence's starts, the target bootstrapped with the stored root values too
+        (EfficientZero's new-data priority uses the root value the actor saw)."""
+        batch = unrolls
         root_value = batch.steps["root_value"].float()
         targets, mask = value_targets(batch, root_value, self.config, self.train_steps)
         starts = self.config.unroll_length

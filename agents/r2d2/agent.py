@@ -212,11 +212,11 @@ class R2D2Agent(contract.Agent):
         return targets, mask & segment["valid"][:-1]
 
     @torch.no_grad()
-    def initial_priorities(self, unrolls: list[Unroll]) -> np.ndarray:
-        """Priorities at insertion from the Q-values stored at inference: they serve as both the online and
-        the target values, and the bootstrap action is their argmax (greedy), not the epsilon-greedy action."""
-        batch = Unroll.stack(unrolls)
-        segment = {k: v[self.config.burn_in:] for k, v in batch.steps.items()}
+    def initial_priorities(self, unrolls: Unroll) -> np.ndarray:
+        """Priorities at insertion (a time-major batch) from the Q-values stored at inference: they serve as both
+        the online and the target values, and the bootstrap action is their argmax (greedy), not the
+        epsilon-greedy action."""
+        segment = {k: v[self.config.burn_in:] for k, v in unrolls.steps.items()}
         q = segment["q_values"].float()
         targets, mask = self._targets(q, q, segment)
         taken = q[:-1].gather(-1, segment["action"][:-1].unsqueeze(-1)).squeeze(-1)

@@ -84,22 +84,20 @@ def unpack_tensors(payload: bytes) -> dict[str, torch.Tensor]:
     return tensors
 
 
-def pack_unrolls(unrolls: list[Unroll]) -> bytes:
-    batch = Unroll.stack(unrolls)  # steps [L, B, ...], state [B, ...], env ids [B]
+def pack_unrolls(batch: Unroll) -> bytes:
+    """A time-major batch of unrolls (steps [L, B, ...], state [B, ...], env ids [B]) as bytes."""
     tensors = {f"steps/{k}": v for k, v in batch.steps.items()}
     tensors.update({f"state/{k}": v for k, v in batch.initial_state.items()})
     tensors["env_id"] = batch.env_id
     return pack_tensors(tensors)
 
 
-def unpack_unrolls(payload: bytes) -> list[Unroll]:
-    """The single unrolls of a packed batch (views into one buffer)."""
+def unpack_unrolls(payload: bytes) -> Unroll:
+    """The time-major batch of `pack_unrolls` (views into one buffer)."""
     tensors = unpack_tensors(payload)
     steps = {k[len("steps/"):]: v for k, v in tensors.items() if k.startswith("steps/")}
     state = {k[len("state/"):]: v for k, v in tensors.items() if k.startswith("state/")}
-    env_id = tensors["env_id"]
-    return [Unroll({k: v[:, i] for k, v in steps.items()}, {k: v[i] for k, v in state.items()}, env_id[i])
-            for i in range(len(env_id))]
+    return Unroll(steps, state, tensors["env_id"])
 
 
 def _loss(agent: Any, unrolls: Unroll) -> torch.Tensor:
@@ -156,7 +154,7 @@ class ActorSideLearner:
         unrolls = unpack_unrolls(payload)
         self.unroll_queue.put(unrolls)  # blocks while the queue is full: back-pressure on the actor
         with self._lock:
-            self.env_frames += len(unrolls) * self.config.unroll_length * self.spec.action_repeat
+            self.env_frames += unrolls.batch_size * self.config.unroll_length * self.spec.action_repeat
             version = self.version
         return struct.pack("<q", version)
 
@@ -290,7 +288,7 @@ class ActorSideActor:
                         completed = self.unroll_store.append(env_ids, step, state)
                     inference_s = time.perf_counter() - started
                     state, prev_action = out.state, action
-                    if completed:
+                    if completed is not None:
                         (version,) = struct.unpack("<q", push(pack_unrolls(completed)))
                         if version != self.version:
                             self._refresh(get_parameters)

@@ -247,9 +247,10 @@ class Agent(abc.ABC):
         """Host bytes of one stored sequence (the replay's memory check). Needed when `uses_replay`."""
         raise NotImplementedError(f"{type(self).__name__} uses a replay but does not say a sequence's size")
 
-    def initial_priorities(self, unrolls: list[Unroll]) -> np.ndarray:
-        """Priorities [len(unrolls)] of sequences entering the replay. Default: 1 each (uniform until trained)."""
-        return np.ones(len(unrolls), np.float64)
+    def initial_priorities(self, unrolls: Unroll) -> np.ndarray:
+        """Priorities float64 [n] of the n sequences entering the replay, a time-major batch ([L, n, ...]).
+        Default: 1 each (uniform until trained)."""
+        return np.ones(unrolls.batch_size, np.float64)
 
     def priorities(self, unrolls: Unroll, network: nn.Module, target_network: nn.Module | None, version: int
                    ) -> torch.Tensor:

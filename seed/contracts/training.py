@@ -15,6 +15,8 @@ Step fields stored for every env step t (time index within an unroll):
 
 An unroll holds `burn_in + unroll_length + 1` consecutive steps of one env; the last step only provides the
 bootstrap. `initial_state` is the agent state (recurrent core state, frame stack) before the first stored step.
+Unrolls travel as time-major batches ([L, B, ...]) from the unroll store to the queue or replay and the loss: the
+store emits every unroll one batch completes as one such batch, so no step of the path loops over unrolls.
 
 `PublishedParameters` is the other direction: the trained parameters, as a reader beside inference pulls them.
 """
@@ -60,6 +62,33 @@ class Unroll:
         steps = {key: torch.stack([u.steps[key] for u in unrolls], dim=1) for key in unrolls[0].steps}
         state = {key: torch.stack([u.initial_state[key] for u in unrolls]) for key in unrolls[0].initial_state}
         return Unroll(steps, state, torch.stack([u.env_id for u in unrolls]))
+
+    # Time-major batches ([L, B, ...], state [B, ...], env ids [B]) as one unit, a fixed number of tensor operations
+    # per call whatever B is.
+
+    @property
+    def batch_size(self) -> int:
+        """B of a time-major batch (the number of unrolls in it)."""
+        return int(self.env_id.shape[0])
+
+    def columns(self, index: slice | torch.Tensor) -> Unroll:
+        """The unrolls `index` (a slice, or int64 positions [n]) of a time-major batch, as a batch (a view for a
+        slice, a copy for positions)."""
+        return Unroll({k: v[:, index] for k, v in self.steps.items()},
+                      {k: v[index] for k, v in self.initial_state.items()}, self.env_id[index])
+
+    @staticmethod
+    def concat(batches: list[Unroll]) -> Unroll:
+        """Time-major batches joined along B, in order: a new contiguous batch (one copy per field)."""
+        first = batches[0]
+        return Unroll({k: torch.cat([b.steps[k] for b in batches], dim=1) for k in first.steps},
+                      {k: torch.cat([b.initial_state[k] for b in batches]) for k in first.initial_state},
+                      torch.cat([b.env_id for b in batches]))
+
+    def unbind(self) -> list[Unroll]:
+        """The single unrolls of a time-major batch (views)."""
+        return [Unroll({k: v[:, i] for k, v in self.steps.items()}, {k: v[i] for k, v in self.initial_state.items()},
+                       self.env_id[i]) for i in range(self.batch_size)]
 
     def map(self, fn) -> Unroll:
         return Unroll({k: fn(v) for k, v in self.steps.items()},

@@ -1,9 +1,13 @@
 """From completed unrolls to training batches: the FIFO queue (V-trace) or prioritized replay (R2D2).
 
+Unrolls arrive as time-major batches ([T + 1, n, ...]): the n unrolls one inference batch completed
+(seed/inference/unroll_store.py). Everything here handles such a batch with a fixed number of tensor operations,
+whatever n is; no loop runs per unroll on the FIFO path.
+
 V-trace is on-policy-ish: unrolls go through a bounded FIFO queue. When training falls behind, `put` blocks
 the inference thread, which stalls the actors: back-pressure that bounds the policy lag. The prefetcher
-stacks `batch_size` unrolls time-major ([T + 1, B, ...]) on its own thread, pins them when the training
-device is a GPU and copies them there ahead of use.
+joins and cuts the queued batches into training batches of `batch_size` unrolls ([T + 1, B, ...], one copy per
+field) on its own thread, pins them when the training device is a GPU and copies them there ahead of use.
 
 R2D2 inserts unrolls into the central prioritized replay (seed/experience/replay.py) with initial priorities computed
 by the agent, leaves out eval envs, samples by priority and writes back the priorities the loss computed.
@@ -14,6 +18,7 @@ Both expose the same interface to the learner: `sink(unrolls)` on the inference 
 
 from __future__ import annotations
 
+import collections
 import os
 import queue
 import sys
@@ -56,18 +61,19 @@ class SinkThread:
     An exception in `sink` ends the thread and is kept in `thread.failure` for the learner's watchdog.
     """
 
-    def __init__(self, sink: Callable[[list[Unroll]], dict[str, float] | None], stop: threading.Event,
+    def __init__(self, sink: Callable[[Unroll], dict[str, float] | None], stop: threading.Event,
                  depth: int = 4, record: Callable[[dict[str, float]], None] | None = None):
         self._sink = sink
         self._stop = stop
         self._record = record
-        self._queue: queue.Queue[list[Unroll]] = queue.Queue(maxsize=depth)
+        self._queue: queue.Queue[Unroll] = queue.Queue(maxsize=depth)
         self.thread = SupervisedThread(self._loop, "experience-sink")
 
     def start(self) -> None:
         self.thread.start()
 
-    def put(self, unrolls: list[Unroll]) -> None:
+    def put(self, unrolls: Unroll) -> None:
+        """Queues a time-major batch of unrolls for the sink; blocks while `depth` batches wait."""
         _put_until_stopped(self._queue, unrolls, self._stop)
 
     def _loop(self) -> None:
@@ -84,44 +90,62 @@ class SinkThread:
 
 
 class UnrollQueue:
-    """Bounded FIFO of single unrolls; `put` blocks while full (until `stop`)."""
+    """Bounded FIFO of time-major batches of unrolls, counted in unrolls.
+
+    `put` blocks (until `stop`) while the batch does not fit: the queue holds at most `capacity` unrolls, or one
+    batch larger than that when it arrives at an empty queue (the 64 unrolls an actor completes at once may
+    exceed a capacity of 32). `get` returns the oldest batch."""
 
     def __init__(self, capacity: int, stop: threading.Event):
         if capacity < 1:
             raise ValueError(f"queue_capacity: got {capacity}, expected >= 1")
-        self._queue: queue.Queue[Unroll] = queue.Queue(maxsize=capacity)
+        self.capacity = capacity
+        self._batches: collections.deque[Unroll] = collections.deque()
+        self._count = 0  # unrolls in _batches
+        self._changed = threading.Condition()
         self._stop = stop
 
-    def put(self, unrolls: list[Unroll]) -> None:
-        for unroll in unrolls:
-            _put_until_stopped(self._queue, unroll, self._stop)
+    def put(self, unrolls: Unroll) -> None:
+        n = unrolls.batch_size
+        with self._changed:
+            while self._count and self._count + n > self.capacity:
+                if self._stop.is_set():
+                    return
+                self._changed.wait(timeout=0.1)
+            self._batches.append(unrolls)
+            self._count += n
+            self._changed.notify_all()
 
     def get(self, timeout: float) -> Unroll | None:
-        try:
-            return self._queue.get(timeout=timeout)
-        except queue.Empty:
-            return None
+        with self._changed:
+            if not self._changed.wait_for(lambda: self._batches, timeout=timeout):
+                return None
+            unrolls = self._batches.popleft()
+            self._count -= unrolls.batch_size
+            self._changed.notify_all()
+            return unrolls
 
     def qsize(self) -> int:
-        return self._queue.qsize()
+        """Unrolls queued."""
+        return self._count
 
 
 class Prefetcher:
-    """Builds training batches from `next_unroll` on a background thread, `depth` batches ahead.
+    """Builds training batches from `next_unrolls` on a background thread, `depth` batches ahead.
 
     Args:
-      next_unroll: timeout_s -> Unroll or None.
-      batch_size: unrolls per batch (B).
+      next_unrolls: timeout_s -> a time-major batch of any number of unrolls, or None.
+      batch_size: unrolls per training batch (B); the incoming batches are joined and cut in arrival order.
       device: the training device; batches arrive there.
       sort_by_env: `--sync=hts`'s batches: one unroll of each env per batch (checked: a second unroll of an env
-        before the batch is complete means a rollout lost unrolls, and the batch would mix two rollouts), ordered
-        by env id instead of arrival (a batch then does not depend on arrival order).
+        in one batch means a rollout lost unrolls, and the batch would mix two rollouts), ordered by env id
+        instead of arrival (a batch then does not depend on arrival order).
     An exception ends the thread and is kept in `thread.failure` for the learner's watchdog.
     """
 
-    def __init__(self, next_unroll: Callable[[float], Unroll | None], batch_size: int, device: torch.device,
+    def __init__(self, next_unrolls: Callable[[float], Unroll | None], batch_size: int, device: torch.device,
                  stop: threading.Event, depth: int = 1, sort_by_env: bool = False):
-        self._next_unroll = next_unroll
+        self._next_unrolls = next_unrolls
         self._sort_by_env = sort_by_env
         self._batch_size = batch_size
         self._device = device
@@ -139,29 +163,52 @@ class Prefetcher:
             return None
 
     def _loop(self) -> None:
-        pending: list[Unroll] = []
-        envs: set[int] = set()  # sort_by_env: the env ids in `pending`
+        pending: list[Unroll] = []  # incoming batches not yet trained on, in arrival order
+        count = 0
         while not self._stop.is_set():
-            unroll = self._next_unroll(0.1)
-            if unroll is None:
+            unrolls = self._next_unrolls(0.1)
+            if unrolls is None:
                 continue
-            if self._sort_by_env:
-                env_id = int(unroll.env_id)
-                if env_id in envs:  # rather than train on two rollouts of one env, or wait forever for another
-                    raise RuntimeError(
-                        f"HTS batch: got a second unroll of env {env_id} with {len(pending)} of {self._batch_size} "
-                        f"unrolls collected (env ids {sorted(envs)}), expected one unroll of every training env "
-                        "per batch (a rollout lost unrolls: see seed/inference/rollout_gate.py)")
-                envs.add(env_id)
-            pending.append(unroll)
-            if len(pending) < self._batch_size:
-                continue
-            if self._sort_by_env:
-                pending.sort(key=lambda u: int(u.env_id))
-            batch = _to_device(Unroll.stack(pending), self._device)
-            pending = []
-            envs.clear()
-            _put_until_stopped(self._batches, batch, self._stop)
+            pending.append(unrolls)
+            count += unrolls.batch_size
+            while count >= self._batch_size:
+                parts, pending = _take_columns(pending, self._batch_size)
+                count -= self._batch_size
+                batch = Unroll.concat(parts)
+                if self._sort_by_env:
+                    batch = _by_env(batch)
+                _put_until_stopped(self._batches, _to_device(batch, self._device), self._stop)
+
+
+def _take_columns(batches: list[Unroll], n: int) -> tuple[list[Unroll], list[Unroll]]:
+    """The first `n` unrolls of `batches` (time-major, in order) and the rest, cutting one batch if needed."""
+    taken: list[Unroll] = []
+    for i, batch in enumerate(batches):
+        size = batch.batch_size
+        if size >= n:
+            if size == n:
+                return taken + [batch], batches[i + 1:]
+            return taken + [batch.columns(slice(0, n))], [batch.columns(slice(n, None))] + batches[i + 1:]
+        taken.append(batch)
+        n -= size
+    raise ValueError(f"_take_columns: got batches of {sum(b.batch_size for b in batches)} unrolls, expected "
+                     f"at least {n} more")
+
+
+def _by_env(batch: Unroll) -> Unroll:
+    """`--sync=hts`: the batch ordered by env id, refused if one env has two unrolls in it."""
+    env_ids = batch.env_id
+    order = torch.argsort(env_ids)
+    ordered = env_ids[order]
+    repeated = ordered[1:] == ordered[:-1]
+    if repeated.any():
+        env_id = int(ordered[1:][repeated][0])
+        first, second = torch.nonzero(env_ids == env_id).flatten()[:2].tolist()
+        raise RuntimeError(
+            f"HTS batch: got a second unroll of env {env_id} at position {second} of {batch.batch_size} (the first "
+            f"at {first}; env ids in arrival order {env_ids.tolist()}), expected one unroll of every training env "
+            "per batch (a rollout lost unrolls: see seed/inference/rollout_gate.py)")
+    return batch.columns(order)
 
 
 def _to_device(batch: Unroll, device: torch.device) -> Unroll:
@@ -170,10 +217,14 @@ def _to_device(batch: Unroll, device: torch.device) -> Unroll:
     return batch.to(device)
 
 
-def training_unrolls(unrolls: list[Unroll], is_eval_env: Callable[[torch.Tensor], torch.Tensor]) -> list[Unroll]:
-    """The unrolls of training envs: evaluation envs are never trained on (FIFO or replay)."""
-    is_eval = is_eval_env(torch.stack([u.env_id for u in unrolls])).tolist()
-    return [u for u, evaluates in zip(unrolls, is_eval, strict=True) if not evaluates]
+def training_unrolls(unrolls: Unroll, is_eval_env: Callable[[torch.Tensor], torch.Tensor]) -> Unroll | None:
+    """The unrolls of training envs in a time-major batch (None if none): evaluation envs are never trained on
+    (FIFO or replay)."""
+    is_eval = is_eval_env(unrolls.env_id)
+    if not bool(is_eval.any()):
+        return unrolls
+    keep = torch.nonzero(~is_eval).flatten()
+    return unrolls.columns(keep) if len(keep) else None
 
 
 class FifoExperience:
@@ -186,10 +237,14 @@ class FifoExperience:
         self.prefetcher = Prefetcher(self.queue.get, batch_size, device, stop, sort_by_env=sort_by_env)
         self.is_eval_env = is_eval_env
 
-    def sink(self, unrolls: list[Unroll]) -> dict[str, float]:
-        """Queues the training envs' unrolls; the time blocked on a full queue (training is behind), in ms."""
+    def sink(self, unrolls: Unroll) -> dict[str, float]:
+        """Queues the training envs' unrolls (a time-major batch); the time blocked on a full queue (training is
+        behind), in ms."""
+        training = training_unrolls(unrolls, self.is_eval_env)
+        if training is None:
+            return {}
         start = time.perf_counter()
-        self.queue.put(training_unrolls(unrolls, self.is_eval_env))
+        self.queue.put(training)
         return {"queue_wait_ms": (time.perf_counter() - start) * 1e3}
 
     def start(self) -> None:
@@ -221,7 +276,7 @@ class ReplayExperience:
 
     Args:
       replay: the buffer (it enforces the replay ratio; `insert` may block the inference thread).
-      initial_priorities: list of unrolls -> float64 [n], computed from the Q-values stored at inference.
+      initial_priorities: a time-major batch of n unrolls -> float64 [n] (the agent's `initial_priorities`).
       is_eval_env: int64 env ids [n] -> bool [n]; eval envs never enter replay.
       checkpoint: also save and restore the replay contents with the learner's checkpoint.
     """
@@ -229,7 +284,7 @@ class ReplayExperience:
     REPLAY_FILE = "replay.pt"
     PREVIOUS_REPLAY_FILE = "replay.previous.pt"  # the one before: restored when replay.pt does not load
 
-    def __init__(self, replay: PrioritizedReplay, initial_priorities: Callable[[list[Unroll]], np.ndarray],
+    def __init__(self, replay: PrioritizedReplay, initial_priorities: Callable[[Unroll], np.ndarray],
                  is_eval_env: Callable[[torch.Tensor], torch.Tensor], device: torch.device, checkpoint: bool):
         self.replay = replay
         self.initial_priorities = initial_priorities
@@ -243,16 +298,17 @@ class ReplayExperience:
     def threads(self) -> list[threading.Thread]:
         return []
 
-    def sink(self, unrolls: list[Unroll]) -> dict[str, float]:
-        """Inserts the training envs' unrolls with their initial priorities; where the time went, in ms: the
-        priorities, the copies into the replay, and the wait for the replay ratio (training is behind)."""
+    def sink(self, unrolls: Unroll) -> dict[str, float]:
+        """Inserts the training envs' unrolls (a time-major batch) with their initial priorities; where the time
+        went, in ms: the priorities, the copies into the replay, and the wait for the replay ratio (training is
+        behind)."""
         training = training_unrolls(unrolls, self.is_eval_env)
-        if not training:
+        if training is None:
             return {}
         start = time.perf_counter()
         priorities = self.initial_priorities(training)
         computed = time.perf_counter()
-        ratio_wait_s = self.replay.insert(training, priorities)
+        ratio_wait_s = self.replay.insert(training.unbind(), priorities)
         inserted = time.perf_counter()
         return {"priorities_ms": (computed - start) * 1e3, "ratio_wait_ms": ratio_wait_s * 1e3,
                 "insert_ms": (inserted - computed - ratio_wait_s) * 1e3}

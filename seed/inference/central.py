@@ -76,14 +76,14 @@ class InferenceOutputs:
 
     reply: actors int64 [n] -> None; tells whoever holds those slots (a serving-process stream or an shm actor)
       that they hold a reply.
-    sink: receives completed unrolls; may block (queue back-pressure).
+    sink: receives the unrolls each batch completes, as one time-major batch; may block (queue back-pressure).
     on_episodes: receives the episodes finished in each batch.
     on_batch: (rows, learner-side latencies in seconds) of each batch.
     on_timing: {stage: milliseconds} of each batch (see `CentralInference._serve`).
     """
 
     reply: Callable[[np.ndarray], None]
-    sink: Callable[[list[Unroll]], None]
+    sink: Callable[[Unroll], None]
     on_episodes: Callable[[FinishedEpisodes], None]
     on_batch: Callable[[int, list[float]], None]
     on_timing: Callable[[dict[str, float]], None] = lambda timing: None
@@ -277,7 +277,7 @@ class CentralInference:
                 requests.actors[i:i + 1], requests.seqs[i:i + 1], requests.runs[i:i + 1],
                 requests.arrivals[i:i + 1], env_ids[rows], requests.reward[rows], requests.done[rows],
                 requests.truncated[rows], requests.prev_action[rows], observation=observation[rows])
-        if completed:
+        if completed is not None:
             self.sink(completed)  # may block: back-pressure from the training side
 
     def _answer_staged(self, actors: np.ndarray, seqs: np.ndarray) -> None:
@@ -351,7 +351,7 @@ class CentralInference:
             return
         completed, timing = served
         start = time.perf_counter()
-        if completed:
+        if completed is not None:
             self.sink(completed)  # may block: back-pressure from the training side
         timing["inference/sink_ms"] = (time.perf_counter() - start) * 1e3
         self.on_timing(timing)
@@ -390,9 +390,10 @@ class CentralInference:
         return invalid
 
     def _serve(self, actors: np.ndarray, seqs: np.ndarray, runs: np.ndarray
-               ) -> tuple[list[Unroll], dict[str, float]] | None:
-        """Serves live requests; returns the completed unrolls and the milliseconds spent per stage: prepare
-        (slab rows to staging), policy (to the device, forward, results back), reply, store (unroll store).
+               ) -> tuple[Unroll | None, dict[str, float]] | None:
+        """Serves live requests; returns the completed unrolls (a time-major batch, or None) and the milliseconds
+        spent per stage: prepare (slab rows to staging), policy (to the device, forward, results back), reply,
+        store (unroll store).
         None if every request's slot changed while its rows were read."""
         clock = [time.perf_counter()]
         requests = self._read(actors, seqs, runs)
@@ -491,8 +492,8 @@ class CentralInference:
         self._answer(requests.actors, requests.seqs, REPLY_OK)
 
     def _store(self, requests: _Requests, acted: tuple[torch.Tensor, dict[str, torch.Tensor], Any], version: int,
-               completed_rollout: object | None) -> list[Unroll]:
-        """Appends the batch's step to the unroll store; the unrolls it completed."""
+               completed_rollout: object | None) -> Unroll | None:
+        """Appends the batch's step to the unroll store; the unrolls it completed (a time-major batch) or None."""
         action, outputs, state_before = acted
         b = len(requests.env_ids)
         step = {**_observed_fields(requests, self._staging[:b], version), "action": action, **outputs}
@@ -507,7 +508,7 @@ class CentralInference:
             log.exception("unroll store failed; actors %s start over with fresh rows", actors.tolist())
             self.actor_run[actors] = 0
             self._gating.start_over(actors, completed_rollout)
-            return []
+            return None
 
     def _count_episodes(self, env_ids: np.ndarray, reward: np.ndarray, ended: np.ndarray) -> None:
         table = self.state_table

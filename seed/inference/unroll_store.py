@@ -12,6 +12,10 @@ The state stored with an unroll is the agent state before its first stored step:
 a fresh env the zero state, afterwards the state snapshotted when the step that becomes index 0 of the next
 unroll (index `unroll_length` of the current one) was processed.
 
+The unrolls one `append` completes come out together, as one time-major batch ([L, n, ...], the layout of
+`Unroll.stack`): one gather per field, whatever n is (the 64 envs of an actor complete their unrolls at the same
+step). Building n single unrolls here cost 16% of the learner process's GIL time on fake_mlp (py-spy, 2 cores).
+
 A step may be written in two parts (`--sync_lag=0`'s sync points, seed/inference/rollout_gate.py): `append` with
 `complete=False` writes the fields it is given and zeros for the others (the action and the policy's outputs),
 which may complete and emit an unroll whose bootstrap step that is; `complete_last` later writes the missing
@@ -30,9 +34,10 @@ from seed.contracts.training import Unroll
 class UnrollStore:
     """Partial unrolls for `num_envs` envs, kept on the host.
 
-    Field buffers are allocated on the first `append` from the dtypes and shapes it receives. The per-step
-    writes go through NumPy views of the torch buffers: for the few rows of one inference batch, NumPy's
-    fancy indexing costs a fraction of torch's per-op overhead (this is on the learner's hot path).
+    Field buffers are allocated on the first `append` from the dtypes and shapes it receives, time-major
+    ([length, num_envs, ...], as training batches are), so an emission gathers contiguous time-major columns.
+    The per-step writes go through NumPy views of the torch buffers: for the few rows of one inference batch,
+    NumPy's fancy indexing costs a fraction of torch's per-op overhead (this is on the learner's hot path).
     """
 
     def __init__(self, num_envs: int, unroll_length: int, burn_in: int = 0):
@@ -56,8 +61,8 @@ class UnrollStore:
 
     def _allocate(self, step: dict[str, torch.Tensor], state_before: State) -> None:
         for key, value in step.items():
-            self.steps[key] = torch.zeros((self.num_envs, self.length) + value.shape[1:], dtype=value.dtype)
-        self.steps["valid"] = torch.zeros((self.num_envs, self.length), dtype=torch.bool)
+            self.steps[key] = torch.zeros((self.length, self.num_envs) + value.shape[1:], dtype=value.dtype)
+        self.steps["valid"] = torch.zeros((self.length, self.num_envs), dtype=torch.bool)
         self._step_views = {key: buffer.numpy() for key, buffer in self.steps.items()}
         for key, value in state_before.items():
             self.initial_state[key] = torch.zeros((self.num_envs,) + value.shape[1:], dtype=value.dtype)
@@ -67,13 +72,14 @@ class UnrollStore:
         """Discards the partial unrolls of `env_ids` (their actor restarted); they restart as fresh envs."""
         self.write_index[env_ids] = self.overlap - 1
         for buffer in self.steps.values():
-            buffer[env_ids] = 0
+            buffer[:, env_ids] = 0
         for buffer in (*self.initial_state.values(), *self._next_initial_state.values()):
             buffer[env_ids] = 0
 
     def append(self, env_ids: torch.Tensor, step: dict[str, torch.Tensor], state_before: State,
-               complete: bool = True) -> list[Unroll]:
-        """Writes one step for each env in `env_ids` and returns the unrolls this completed.
+               complete: bool = True) -> Unroll | None:
+        """Writes one step for each env in `env_ids`; returns the unrolls this completed as one time-major batch
+        (steps [L, n, ...], initial state [n, ...], env ids [n], in `env_ids` order), or None.
 
         Args:
           env_ids: int64 [B], distinct env ids.
@@ -99,13 +105,13 @@ class UnrollStore:
                 self._next_initial_state[key][rows] = value.index_select(0, positions.to(value.device)).cpu()
         views = self._step_views
         for key, value in step.items():
-            views[key][ids, index] = value.numpy()
+            views[key][index, ids] = value.numpy()
         for key in missing:
-            views[key][ids, index] = 0
-        views["valid"][ids, index] = True
+            views[key][index, ids] = 0
+        views["valid"][index, ids] = True
         self._write_index[ids] = index + 1
         full = ids[index + 1 == self.length]
-        return self._emit(torch.from_numpy(full)) if len(full) else []
+        return self._emit(full) if len(full) else None
 
     def complete_last(self, env_ids: torch.Tensor, fields: dict[str, torch.Tensor]) -> None:
         """Writes `fields` (field -> [B, ...], e.g. the action and outputs an `append(complete=False)` lacked)
@@ -117,27 +123,25 @@ class UnrollStore:
                              f"{sorted(self.steps)}")
         index = self._write_index[ids] - 1
         valid = self._step_views.get("valid")  # None before any step
-        written = (index >= 0) & (valid[ids, np.maximum(index, 0)] if valid is not None else False)
+        written = (index >= 0) & (valid[np.maximum(index, 0), ids] if valid is not None else False)
         if not written.all():
             raise ValueError(f"UnrollStore.complete_last env_ids: got {ids[~written].tolist()} with no step "
                              "written, expected envs with a step to complete")
         for key, value in fields.items():
-            self._step_views[key][ids, index] = value.cpu().numpy()
+            self._step_views[key][index, ids] = value.cpu().numpy()
 
-    def _emit(self, env_ids: torch.Tensor) -> list[Unroll]:
-        ids = env_ids.numpy()
-        # NumPy gathers (one memcpy per row) rather than torch advanced indexing: cheaper for a few rows,
-        # and they never wake torch's intra-op thread pool on the inference thread.
-        steps = {k: torch.from_numpy(np.take(v, ids, axis=0)) for k, v in self._step_views.items()}
+    def _emit(self, ids: np.ndarray) -> Unroll:
+        """The full rows `ids` (int64 [n]) as a time-major batch; their last `overlap` steps move to the front."""
+        # NumPy gathers rather than torch advanced indexing: cheaper for a few rows, and they never wake torch's
+        # intra-op thread pool on the inference thread. A contiguous time-major copy: cutting it into training
+        # batches copies runs of rows (a batch-major copy seen transposed made that copy 3x slower).
+        steps = {k: torch.from_numpy(np.take(v, ids, axis=1)) for k, v in self._step_views.items()}
+        env_ids = torch.from_numpy(ids)
         state = {k: v[env_ids] for k, v in self.initial_state.items()}
-        unrolls = [
-            Unroll({k: v[i] for k, v in steps.items()}, {k: v[i] for k, v in state.items()}, env_ids[i])
-            for i in range(len(ids))
-        ]
         tail = slice(self.length - self.overlap, self.length)
         for view in self._step_views.values():
-            view[ids, : self.overlap] = view[ids, tail]
+            view[: self.overlap, ids] = view[tail, ids]
         for key in self.initial_state:
             self.initial_state[key][env_ids] = self._next_initial_state[key][env_ids]
         self._write_index[ids] = self.overlap
-        return unrolls
+        return Unroll(steps, state, env_ids)
