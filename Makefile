@@ -8,7 +8,7 @@ PYTEST_ARGS ?=
 # SKIP_FOOTBALL=1 runs the suite without building gfootball (its tests then skip with the reason).
 SKIP_FOOTBALL ?=
 
-.PHONY: install football run test test-learning test-fast lint gpu-check clean
+.PHONY: install football run test test-learning test-fast test-containers image lint gpu-check clean
 
 install: .install-stamp
 
@@ -34,6 +34,7 @@ run: install
 TEST_WORKERS ?= 2
 test: install $(if $(SKIP_FOOTBALL),,football)
 	launch/install_test_tools.sh
+	launch/install_container_tools.sh
 	$(PYTHON) -m pytest -q -ra --durations=30 -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not learning" $(PYTEST_ARGS) tests
 
 test-learning: install
@@ -41,6 +42,21 @@ test-learning: install
 
 test-fast: install
 	$(PYTHON) -m pytest -q -ra -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder -m "not slow and not learning" $(PYTEST_ARGS) tests
+
+# The CPU image, built offline with podman (a local Debian base and a wheelhouse, kept between builds:
+# launch/docker/offline_base.sh); IMAGE_ARGS=--online builds it from python:3.11-slim-bookworm and the indexes,
+# IMAGE_ARGS="--online --engine=docker" with docker. launch/README.md section 1.
+IMAGE_ARGS ?= --offline
+image:
+	launch/install_container_tools.sh
+	launch/docker/build.sh $(IMAGE_ARGS)
+
+# The image built offline, a learner and actors in containers (launch/README.md section 1, as written), the
+# Kubernetes manifests played as pods (podman kube play), and actors following a learner that moved.
+test-containers: install
+	launch/install_test_tools.sh
+	launch/install_container_tools.sh
+	$(PYTHON) -m pytest -q -ra --durations=10 $(PYTEST_ARGS) tests/test_containers.py tests/test_moved_learner.py
 
 # The GPU rows of the performance tables (needs one CUDA GPU and a CUDA torch): ARGS="--out_dir=DIR" etc.
 gpu-check: install
