@@ -57,7 +57,7 @@ def _filled_replay(agent: Agent, count: int, capacity: int | None = None) -> tup
     replay = PrioritizedReplay(capacity or count, ALPHA, 0.6, min_size=1, replay_ratio=1e9, batch_size=4,
                                max_insert_lead=10**9)
     unrolls = [_unroll(agent, i) for i in range(count)]
-    replay.insert(unrolls, np.ones(count))
+    replay.insert(Unroll.stack(unrolls), np.ones(count))
     return replay, unrolls
 
 
@@ -111,7 +111,7 @@ def test_a_slot_rewritten_during_a_sweep_keeps_its_new_sequences_priority(tmp_pa
 
     def priorities_while_inserting(unrolls, network, target_network, version):
         if not calls:  # between the read of slots 0-3 and the write of their priorities
-            replay.insert([_unroll(agent, 100)], np.array([123.0]))  # the full ring recycles slot 0
+            replay.insert(Unroll.stack([_unroll(agent, 100)]), np.array([123.0]))  # the full ring recycles slot 0
         calls.append(1)
         return agent.priorities(unrolls, network, target_network, version)
 
@@ -230,7 +230,7 @@ def test_muzero_refreshed_priorities_equal_the_losses_after_updates_in_the_train
 
     stored = _muzero_unrolls(config, 8, version=0)
     replay = PrioritizedReplay(8, ALPHA, 0.6, min_size=1, replay_ratio=1e9, batch_size=4, max_insert_lead=10**9)
-    replay.insert(stored, np.ones(8))
+    replay.insert(Unroll.stack(stored), np.ones(8))
     publisher = ParameterPublisher(copy.deepcopy(learner_agent.network), torch.device("cpu"))
     publisher.publish(trainer.network.state_dict(), version=updates)  # what the learner does after update 6
     refresher = make_priority_refresher(config, learner_agent, type("Experience", (), {"replay": replay}), publisher,

@@ -43,7 +43,7 @@ def test_importance_weights_follow_the_formula():
     replay = PrioritizedReplay(capacity=4, priority_exponent=0.5, importance_sampling_exponent=0.6, min_size=4,
                                replay_ratio=1.0, batch_size=4, seed=1)
     priorities = np.array([1.0, 4.0, 9.0, 16.0])
-    replay.insert([_unroll(i) for i in range(4)], priorities)
+    replay.insert(Unroll.stack([_unroll(i) for i in range(4)]), priorities)
     sample = replay.sample(timeout_s=1)
     p_alpha = priorities ** 0.5
     probabilities = p_alpha / p_alpha.sum()
@@ -60,7 +60,7 @@ def test_priority_exponent_zero_samples_uniformly_with_unit_weights():
     sequence equally likely whatever its priority, before and after updates (a zero priority too), weights all 1."""
     replay = PrioritizedReplay(capacity=4, priority_exponent=0.0, importance_sampling_exponent=0.0, min_size=1,
                                replay_ratio=1e9, batch_size=64, seed=3, max_insert_lead=100)
-    replay.insert([_unroll(i) for i in range(4)], np.array([0.0, 1e-6, 1.0, 100.0]))
+    replay.insert(Unroll.stack([_unroll(i) for i in range(4)]), np.array([0.0, 1e-6, 1.0, 100.0]))
     draws = []
     for round_ in range(400):
         sample = replay.sample(timeout_s=1)
@@ -75,7 +75,7 @@ def test_priority_exponent_zero_samples_uniformly_with_unit_weights():
 def test_priority_update_changes_sampling():
     replay = PrioritizedReplay(capacity=3, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=1,
                                replay_ratio=1e9, batch_size=30, seed=2, max_insert_lead=100)
-    replay.insert([_unroll(i) for i in range(3)], np.ones(3))
+    replay.insert(Unroll.stack([_unroll(i) for i in range(3)]), np.ones(3))
     sample = replay.sample(timeout_s=1)
     first_two = np.isin(sample.indices, [0, 1])
     replay.update_priorities(sample.indices[first_two], np.zeros(first_two.sum()), sample.generations[first_two])
@@ -86,10 +86,10 @@ def test_priority_update_of_a_recycled_slot_is_dropped():
     """A slot overwritten between `sample` and `update_priorities` keeps the new sequence's initial priority."""
     replay = PrioritizedReplay(capacity=2, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=2,
                                replay_ratio=1e9, batch_size=4, seed=0, max_insert_lead=100)
-    replay.insert([_unroll(0), _unroll(1)], np.array([1.0, 1.0]))
+    replay.insert(Unroll.stack([_unroll(0), _unroll(1)]), np.array([1.0, 1.0]))
     sample = replay.sample(timeout_s=1)
     assert set(sample.indices.tolist()) == {0, 1}
-    replay.insert([_unroll(2)], np.array([7.0]))  # the ring recycles slot 0 while the batch trains
+    replay.insert(Unroll.stack([_unroll(2)]), np.array([7.0]))  # the ring recycles slot 0 while the batch trains
     replay.update_priorities(sample.indices, np.full(len(sample.indices), 100.0), sample.generations)
     assert replay.tree.get(np.array([0]))[0] == 7.0  # sequence 2's own priority, not sequence 0's TD error
     assert replay.tree.get(np.array([1]))[0] == 100.0  # slot 1 still holds what was sampled
@@ -116,7 +116,7 @@ def test_replay_checkpoint_is_not_torn_by_a_concurrent_insert(tmp_path, monkeypa
     capacity = 4
     replay = PrioritizedReplay(capacity=capacity, priority_exponent=1.0, importance_sampling_exponent=0.0,
                                min_size=1, replay_ratio=1e9, batch_size=2, seed=0, max_insert_lead=100)
-    replay.insert([_unroll(i) for i in range(capacity)], np.arange(1.0, capacity + 1))
+    replay.insert(Unroll.stack([_unroll(i) for i in range(capacity)]), np.arange(1.0, capacity + 1))
     experience = ReplayExperience(replay, lambda unrolls: np.ones(unrolls.batch_size), lambda ids: ids < 0,
                                   torch.device("cpu"), checkpoint=True)
     real_save = torch.save
@@ -124,7 +124,7 @@ def test_replay_checkpoint_is_not_torn_by_a_concurrent_insert(tmp_path, monkeypa
 
     def save_while_inserting(obj, path):
         # The next sequence (4) recycles slot 0 with priority 5.
-        threading.Thread(target=lambda: (replay.insert([_unroll(capacity)], np.array([capacity + 1.0])),
+        threading.Thread(target=lambda: (replay.insert(Unroll.stack([_unroll(capacity)]), np.array([capacity + 1.0])),
                                          insert_done.set())).start()
         insert_done.wait(1.0)  # returns at once if the insert is not held off
         real_save(obj, path)
@@ -158,7 +158,7 @@ def test_replay_that_does_not_fit_in_memory_is_refused():
 def test_fifo_eviction_and_memory_accounting():
     replay = PrioritizedReplay(capacity=2, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=1,
                                replay_ratio=1e9, batch_size=8, seed=0, max_insert_lead=100)
-    replay.insert([_unroll(i) for i in range(3)], np.ones(3))
+    replay.insert(Unroll.stack([_unroll(i) for i in range(3)]), np.ones(3))
     assert replay.size == 2 and replay.inserted == 3
     assert set(replay.sample(timeout_s=1).unrolls.env_id.tolist()) == {1, 2}
     per_sequence = PrioritizedReplay.bytes_per_sequence(_unroll(0))
@@ -166,20 +166,51 @@ def test_fifo_eviction_and_memory_accounting():
     assert replay.nbytes == 2 * per_sequence
 
 
+def test_one_batch_wrapping_the_ring_is_stored_in_order_with_each_sequences_priority_and_generation():
+    replay = PrioritizedReplay(capacity=4, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=1,
+                               replay_ratio=1e9, batch_size=2, seed=0, max_insert_lead=100)
+    replay.insert(Unroll.stack([_unroll(i) for i in range(6)]), np.arange(1.0, 7.0))  # sequences 4 and 5 recycle 0, 1
+    state = replay.state_dict()
+    assert state["steps"]["reward"][:, 0].tolist() == [4.0, 5.0, 2.0, 3.0]
+    assert state["steps"]["observation"].shape == (4, 3, 2)  # [capacity, L, ...] from a [L, n, ...] batch
+    assert replay._env_ids.tolist() == [4, 5, 2, 3] and replay._generations.tolist() == [4, 5, 2, 3]
+    assert replay.tree.get(np.arange(4)).tolist() == [5.0, 6.0, 3.0, 4.0]
+    assert (replay.size, replay.next_slot, replay.inserted) == (4, 2, 6)
+
+
+def test_a_batch_is_inserted_as_far_as_the_ratio_allows_and_the_rest_waits():
+    """min_size 4 and a lead of 2: 6 of a batch of 8 go in at once; each further sequence waits for sampling."""
+    stop = threading.Event()
+    replay = PrioritizedReplay(capacity=100, priority_exponent=1.0, importance_sampling_exponent=0.0, min_size=4,
+                               replay_ratio=1.0, batch_size=1, seed=0, max_insert_lead=2, stop=stop)
+    thread = threading.Thread(target=replay.insert, args=(Unroll.stack([_unroll(i) for i in range(8)]), np.ones(8)))
+    thread.start()
+    try:
+        for expected in (6, 7):
+            thread.join(0.3)
+            assert thread.is_alive() and replay.inserted == expected
+            assert replay.sample(timeout_s=1) is not None  # one sampled at ratio 1: room for one more
+        thread.join(5)
+        assert not thread.is_alive() and replay.inserted == 8
+        assert replay._env_ids[:8].tolist() == list(range(8))  # in order, none lost or repeated
+    finally:
+        stop.set()
+
+
 def test_replay_ratio_is_enforced_both_ways():
     stop = threading.Event()
     replay = PrioritizedReplay(capacity=100, priority_exponent=0.9, importance_sampling_exponent=0.6, min_size=4,
                                replay_ratio=2.0, batch_size=4, seed=0, max_insert_lead=6, stop=stop)
-    replay.insert([_unroll(i) for i in range(4)], np.ones(4))
+    replay.insert(Unroll.stack([_unroll(i) for i in range(4)]), np.ones(4))
     assert replay.sample(timeout_s=0.1) is not None  # at min size: the first batch
     assert replay.sample(timeout_s=0.1) is None  # 4 sampled need 2 more inserts at ratio 2
-    replay.insert([_unroll(4), _unroll(5)], np.ones(2))
+    replay.insert(Unroll.stack([_unroll(4), _unroll(5)]), np.ones(2))
     assert replay.sample(timeout_s=0.1) is not None
     # Inserts run ahead by at most max_insert_lead sequences, then block until sampling catches up.
     inserted = threading.Event()
 
     def producer():
-        replay.insert([_unroll(i) for i in range(20)], np.ones(20))
+        replay.insert(Unroll.stack([_unroll(i) for i in range(20)]), np.ones(20))
         inserted.set()
 
     thread = threading.Thread(target=producer)
@@ -200,9 +231,9 @@ def test_insert_reports_the_seconds_it_waited_for_the_replay_ratio():
     nothing while inserts may run ahead, about the time sampling took to catch up once they may not."""
     replay = PrioritizedReplay(capacity=100, priority_exponent=0.9, importance_sampling_exponent=0.6, min_size=4,
                                replay_ratio=4.0, batch_size=4, seed=0, max_insert_lead=1)
-    assert replay.insert([_unroll(i) for i in range(5)], np.ones(5)) == 0.0  # min_size, then one ahead
+    assert replay.insert(Unroll.stack([_unroll(i) for i in range(5)]), np.ones(5)) == 0.0  # min_size, then one ahead
     waited = []
-    thread = threading.Thread(target=lambda: waited.append(replay.insert([_unroll(5)], np.ones(1))))
+    thread = threading.Thread(target=lambda: waited.append(replay.insert(Unroll.stack([_unroll(5)]), np.ones(1))))
     thread.start()
     thread.join(0.3)
     assert thread.is_alive()  # held by the ratio until a batch is sampled
@@ -221,10 +252,10 @@ def test_a_priority_that_is_not_finite_and_non_negative_is_refused_on_insert_nam
     stored as 1.0 and -1 at alpha 0.6 as about 6e-17 (or NaN). The whole batch is refused, nothing stored."""
     replay = PrioritizedReplay(capacity=8, priority_exponent=alpha, importance_sampling_exponent=0.4, min_size=1,
                                replay_ratio=1.0, batch_size=2, max_insert_lead=100)
-    replay.insert([_unroll(0)], np.array([1.0]))
+    replay.insert(Unroll.stack([_unroll(0)]), np.array([1.0]))
     with pytest.raises(ValueError, match=rf"replay insert: priorities got {shown} at row 2 of 3, expected finite "
                                          r"values >= 0"):
-        replay.insert([_unroll(i) for i in range(3)], np.array([0.0, 2.0, bad]))
+        replay.insert(Unroll.stack([_unroll(i) for i in range(3)]), np.array([0.0, 2.0, bad]))
     assert replay.inserted == 1 and replay.tree.total == pytest.approx(1.0)
 
 
@@ -236,7 +267,7 @@ def test_a_priority_that_is_not_finite_and_non_negative_is_refused_on_update_and
     is a diverged loss wherever it lands); nothing of the batch is written."""
     replay = PrioritizedReplay(capacity=4, priority_exponent=alpha, importance_sampling_exponent=0.4, min_size=1,
                                replay_ratio=1e9, batch_size=2, max_insert_lead=100)
-    replay.insert([_unroll(i) for i in range(4)], np.ones(4))
+    replay.insert(Unroll.stack([_unroll(i) for i in range(4)]), np.ones(4))
     before = replay.tree.get(np.arange(4)).copy()
     field = "update" if method == "update_priorities" else "refresh"
     with pytest.raises(ValueError, match=rf"replay {field}: priorities got {shown} at row 0 of 2, expected finite "

@@ -11,6 +11,7 @@ import os
 import numpy as np
 import torch
 
+from seed.contracts.training import Unroll
 from seed.experience.replay import PrioritizedReplay
 from seed.experience.training_batches import ReplayExperience
 from seed.learner.learner import Learner
@@ -25,7 +26,7 @@ def _experience(*values: int, capacity: int = CAPACITY) -> ReplayExperience:
     replay = PrioritizedReplay(capacity=capacity, priority_exponent=1.0, importance_sampling_exponent=0.0,
                                min_size=1, replay_ratio=1e9, batch_size=1, seed=0, max_insert_lead=100)
     if values:
-        replay.insert([_unroll(v) for v in values], np.array(values, float) + 1)
+        replay.insert(Unroll.stack([_unroll(v) for v in values]), np.array(values, float) + 1)
     return ReplayExperience(replay, lambda unrolls: np.ones(unrolls.batch_size), lambda ids: ids < 0,
                             torch.device("cpu"), checkpoint=True)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Iterator
@@ -191,10 +192,12 @@ class PrioritizedReplay:
         self._stop = stop or threading.Event()
 
     # -- storage ---------------------------------------------------------------------------------------------
-    def _allocate(self, unroll: Unroll) -> None:
-        self._steps = {k: torch.zeros((self.capacity, *v.shape), dtype=v.dtype) for k, v in unroll.steps.items()}
-        self._state = {k: torch.zeros((self.capacity, *v.shape), dtype=v.dtype)
-                       for k, v in unroll.initial_state.items()}
+    def _allocate(self, unrolls: Unroll) -> None:
+        """Storage shaped after a time-major batch: steps [capacity, L, ...], state [capacity, ...]."""
+        self._steps = {k: torch.zeros((self.capacity, v.shape[0], *v.shape[2:]), dtype=v.dtype)
+                       for k, v in unrolls.steps.items()}
+        self._state = {k: torch.zeros((self.capacity, *v.shape[1:]), dtype=v.dtype)
+                       for k, v in unrolls.initial_state.items()}
 
     @property
     def nbytes(self) -> int:
@@ -216,38 +219,53 @@ class PrioritizedReplay:
         return self.inserted >= self.min_size and self._inserts_ahead() >= 0
 
     # -- API ---------------------------------------------------------------------------------------------------
-    def insert(self, unrolls: list[Unroll], priorities: np.ndarray) -> float:
-        """Adds sequences with their initial priorities; blocks while inserts run too far ahead of sampling.
+    def insert(self, unrolls: Unroll, priorities: np.ndarray) -> float:
+        """Adds the n sequences of a time-major batch (steps [L, n, ...], state [n, ...], env ids [n]) with their
+        initial priorities float64 [n], in order; blocks while inserts run too far ahead of sampling, each
+        sequence as if inserted alone (the ones the ratio allows are written together, one copy per field).
         Returns the seconds it was blocked so (the replay ratio's back-pressure). A priority that is not finite
         and >= 0 refuses the whole batch before any is stored."""
         priorities = checked_priorities(priorities, "insert")
+        n = unrolls.batch_size
+        if len(priorities) != n:
+            raise ValueError(f"replay insert: priorities got {len(priorities)} values, expected one per sequence "
+                             f"({n})")
         waited_s = 0.0
-        for unroll, priority in zip(unrolls, priorities, strict=True):
+        done = 0
+        while done < n:
             with self._lock:
-                if self.inserted >= self.min_size and self._inserts_ahead() >= self.max_insert_lead:
+                if self._insert_room() == 0:
                     start = time.perf_counter()
-                    while (self.inserted >= self.min_size and self._inserts_ahead() >= self.max_insert_lead
-                           and not self._stop.is_set()):
+                    while self._insert_room() == 0 and not self._stop.is_set():
                         self._lock.wait(timeout=0.1)
                     waited_s += time.perf_counter() - start
                 if self._stop.is_set():
                     return waited_s
                 if not self._steps:
-                    self._allocate(unroll)
-                slot = self.next_slot
-                for k, v in unroll.steps.items():
-                    self._steps[k][slot] = v
-                for k, v in unroll.initial_state.items():
-                    self._state[k][slot] = v
-                self._env_ids[slot] = unroll.env_id
-                self._generations[slot] = self.inserted
-                self._priority_set_s[slot] = time.monotonic()
-                self.tree.set(np.array([slot]), np.array([float(priority) ** self.alpha]))
-                self.next_slot = (slot + 1) % self.capacity
-                self.size = min(self.size + 1, self.capacity)
-                self.inserted += 1
+                    self._allocate(unrolls)
+                first = self.next_slot
+                k = min(n - done, self._insert_room(), self.capacity - first)  # a run of slots, no wrap-around
+                slots, rows = slice(first, first + k), slice(done, done + k)
+                for key, value in unrolls.steps.items():
+                    self._steps[key][slots] = value[:, rows].transpose(0, 1)
+                for key, value in unrolls.initial_state.items():
+                    self._state[key][slots] = value[rows]
+                self._env_ids[slots] = unrolls.env_id[rows]
+                self._generations[slots] = self.inserted + np.arange(k)
+                self._priority_set_s[slots] = time.monotonic()
+                self.tree.set(np.arange(first, first + k), priorities[rows] ** self.alpha)
+                self.next_slot = (first + k) % self.capacity
+                self.size = min(self.size + k, self.capacity)
+                self.inserted += k
+                done += k
                 self._lock.notify_all()
         return waited_s
+
+    def _insert_room(self) -> int:
+        """How many sequences may be inserted now: every one before `min_size`, then as long as inserts stay
+        less than `max_insert_lead` sequences ahead of what the replay ratio consumed (under the lock)."""
+        bound = self.min_size + self.max_insert_lead + self.sampled / self.replay_ratio
+        return max(0, math.ceil(bound - self.inserted))
 
     def sample(self, timeout_s: float) -> ReplaySample | None:
         """A batch once the replay ratio allows one (None if it does not within `timeout_s`)."""

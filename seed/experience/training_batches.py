@@ -308,7 +308,7 @@ class ReplayExperience:
         start = time.perf_counter()
         priorities = self.initial_priorities(training)
         computed = time.perf_counter()
-        ratio_wait_s = self.replay.insert(training.unbind(), priorities)
+        ratio_wait_s = self.replay.insert(training, priorities)
         inserted = time.perf_counter()
         return {"priorities_ms": (computed - start) * 1e3, "ratio_wait_ms": ratio_wait_s * 1e3,
                 "insert_ms": (inserted - computed - ratio_wait_s) * 1e3}
