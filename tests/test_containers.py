@@ -13,7 +13,8 @@ on one worker).
   4.3's `kube play` skips StatefulSets and Services): one per replica (2 actors), the claim template as a
   PersistentVolumeClaim, the learner pod named as the Service the actors dial. Played with `podman kube play` on
   an internal network, the actors train through that name with the manifests' flagfiles (ConfigMap), token
-  (Secret), volume (PVC), uid and limits; `podman pod stop` (SIGTERM) checkpoints and a new learner pod resumes.
+  (Secret), volume (PVC), uid and limits; SIGTERM checkpoints, and a new learner pod resumes, the actors streaming
+  to it within 5 s.
   It shows the manifests' wiring; not a Kubernetes controller, probes or Services (podman ignores them).
 
 Everything a test starts is removed after it, also when it fails: containers, pods, networks, volumes, secrets,
@@ -232,7 +233,8 @@ def test_readme_section_1_trains_checkpoints_resumes_and_actors_follow_the_learn
     logdir = os.path.join(volume_path("seed-logdir"), "run")
 
     def log_tail() -> str:
-        return "".join(f"\n--- {name}\n{logs(name)[-2500:]}" for name in ["seed-learner", *actors])
+        return "".join(f"\n--- {name}\n" + "\n".join(f"{when:.2f} {text}" for when, text in timed_lines(name)[-30:])
+                       for name in ["seed-learner", *actors])
 
     wait_for(lambda: train_steps(logdir) > 0, START_TIMEOUT_S, "the first update in containers", interval_s=0.5,
              on_timeout=log_tail)
@@ -262,7 +264,7 @@ def test_readme_section_1_trains_checkpoints_resumes_and_actors_follow_the_learn
     print(f"section 1: first update {first_update_s:.0f} s after docker run; mean return {RETURN_TARGET} at "
           f"{return_s:.0f} s; learner {old_address.strip()} -> {new_address.strip()}; actors streaming "
           f"{', '.join(f'{d:.2f}' for d in delays.values())} s after the new learner listened")
-    assert max(delays.values()) <= REJOIN_BOUND_S, (delays, log_tail())
+    assert max(delays.values()) <= REJOIN_BOUND_S, f"{delays}\n{log_tail()}"
     steps = saved[1]["counters"]["train_steps"]
     wait_for(lambda: len(read_metrics(logdir)) > rows_before and train_steps(logdir) > steps + 5, START_TIMEOUT_S,
              "training on after the resume", interval_s=0.5, on_timeout=log_tail)
@@ -393,7 +395,10 @@ def test_k8s_cpu_overlay_played_as_pods_trains_checkpoints_and_resumes(image, ho
     assert podman("inspect", "-f", "{{.HostConfig.Memory}}", actors[0]).stdout.strip() == str(2 << 30)
     assert os.stat(logdir).st_uid == 1000
 
-    podman("pod", "stop", "-t", "120", learner_pod, timeout=180)  # SIGTERM to every container of the pod
+    # SIGTERM to the learner; then the rest of the pod (`podman pod stop` alone also takes the pod's network down
+    # while the learner still closes its connections: the actors noticed only when TCP gave up, 20 s later).
+    podman("stop", "-t", "120", learner, timeout=180)
+    podman("pod", "stop", "-t", "30", learner_pod, timeout=180)
     assert podman("inspect", "-f", "{{.State.ExitCode}}", learner).stdout.strip() == "0", log_tail()
     saved = checkpoint.latest(logdir)
     assert saved is not None, log_tail()
@@ -415,6 +420,7 @@ def test_k8s_cpu_overlay_played_as_pods_trains_checkpoints_and_resumes(image, ho
     delays = rejoin_delays(learner, actors)
     print(f"kube play ({env}): first update {first_update_s:.0f} s after play; actors streaming "
           f"{', '.join(f'{d:.2f}' for d in delays.values())} s after the new learner pod listened")
+    assert max(delays.values()) <= REJOIN_BOUND_S, f"{delays}\n{log_tail()}"
     # Stopped as they should be: actors and learner with SIGTERM (podman kube down would SIGKILL them).
     for pod in [*actor_pods, learner_pod]:
         podman("pod", "stop", "-t", "60", pod, timeout=120)
