@@ -415,3 +415,30 @@ def test_seed_learner_refuses_another_optimizer_in_one_line_before_it_serves(tmp
     assert len(lines) == 1 and lines[0].startswith("seed-learner: --logdir "), completed.stderr[-3000:]
     assert "does not fit the optimizer" in lines[0] and "--optimizer: was 'adam', now 'clipped_lars'" in lines[0]
     assert not os.path.exists(f"{logdir}/s")
+
+
+def test_a_resumed_ppo_anneals_from_the_configured_rate_at_its_update_count(tmp_path):
+    """--anneal_learning_rate keeps its own schedule across a resume: update k trains at the configured rate x
+    (1 - k / N), from the rate the run was resumed with, not from the checkpoint's first rate."""
+    logdir = str(tmp_path / "run")
+    options = dict(agent="ppo", anneal_learning_rate=True, total_environment_frames=64_000)
+    first = make_learner(logdir, learning_rate=1e-3, **options)
+    first.parts.agent.anneal_learning_rate(first.parts.optimizer, 50)
+    train_in_process(first, 1)
+    first.parts.metrics.train_steps = 50
+    first.checkpoint()
+    first._close()
+    saved = checkpoint.latest(logdir)[1]["optimizer"]["param_groups"][0]
+    assert saved["initial_lr"] == 1e-3 and saved["lr"] < 1e-3
+
+    second = make_learner(logdir, learning_rate=1e-4, **options)
+    try:
+        agent, optimizer = second.parts.agent, second.parts.optimizer
+        config = second.config
+        updates = config.total_environment_frames / (config.num_envs * config.unroll_length * agent.spec.action_repeat)
+        agent.anneal_learning_rate(optimizer, 60)
+        assert [group["lr"] for group in optimizer.param_groups] == pytest.approx(
+            [1e-4 * (1 - 60 / updates)] * len(optimizer.param_groups))
+        assert 0 < 1 - 60 / updates < 1
+    finally:
+        second._close()
