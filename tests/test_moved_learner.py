@@ -3,10 +3,13 @@ rescheduled onto another node): every actor streams to it again within 5 s of it
 
 The name is real: each actor host's /etc/hosts (launch/netns.sh hosts; `ip netns exec` mounts it over /etc/hosts)
 names the learner, and is rewritten in place while the actors run, as a container network's DNS (aardvark-dns)
-drops a stopped container's name and gives it the new container's address. A gRPC channel re-resolves its name at
-most every 30 s (and backs off after a failed lookup), so an actor that kept its channel found the new address
-25-40 s late; the actor dials on a fresh channel after each failed attempt (seed/actor/loop.py,
-Actor._wait_for_learner)."""
+drops a stopped container's name and gives it the new container's address. Meanwhile the actors' DNS server (host
+1, once its learner is gone) drops every query, as aardvark-dns drops those that arrive while it reloads.
+
+A gRPC channel re-resolves its name at most every 30 s (and backs off after a failed lookup), so an actor that
+kept its channel found the new address 21-40 s late: the actor dials on a fresh channel after each failed attempt
+(seed/actor/loop.py, Actor._wait_for_learner). A lookup whose query is lost waited 11 s for c-ares' retries: it is
+given up after 2 s (seed/transport/grpc/channel.py, DNS_QUERY_TIMEOUT_MS)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,10 @@ def _connections(hosts, actor) -> int:
 def test_actors_follow_the_learner_name_to_a_new_address_within_5s(hosts, tmp_path):
     run = RemoteRun(hosts, str(tmp_path), num_actors=2)
     hosts.set_hosts(2, {NAME: hosts.addr(1)})
+    # Host 2 asks host 1 for names that its /etc/hosts lacks (`ip netns exec` mounts this file too; the fixture's
+    # destroy removes /etc/netns/NAME-2).
+    with open(f"/etc/netns/{hosts.name}-2/resolv.conf", "w") as f:
+        f.write(f"nameserver {hosts.addr(1)}\n")
     first = run.start_learner("learner1", host=1)
     # Two actors on host 2, dialling the name; the learner moves from host 1 to host 3.
     actors = [run.start_actor(host=2, index=0, server_address=f"{NAME}:{PORT}")]
@@ -43,6 +50,7 @@ def test_actors_follow_the_learner_name_to_a_new_address_within_5s(hosts, tmp_pa
     # No one has the name while no learner runs (aardvark-dns drops a stopped container's); the actors' lookups
     # fail meanwhile. Then the name points at host 3, where the new learner starts on the same logdir.
     hosts.set_hosts(2, {})
+    hosts.loss(1, 100)  # the DNS server drops every query: a lookup waits for its timeout
     for actor in actors:
         wait_for(lambda a=actor: "learner unavailable" in hosts.output(a), 30, "the actors to lose the learner",
                  on_timeout=run.logs)

@@ -28,12 +28,20 @@ RECONNECT_BACKOFF_MS = {"initial": 100, "min": 100, "max": 1000}
 KEEPALIVE_TIME_MS = 2_000
 KEEPALIVE_TIMEOUT_MS = 3_000
 
+# A name lookup whose query is lost (a container network's DNS, aardvark-dns, drops queries while it reloads as a
+# container starts or stops) is given up after DNS_QUERY_TIMEOUT_MS rather than gRPC's 120 s (c-ares' own retries
+# took 11 s against a silent server): the attempt fails, and the actor dials again on a fresh channel whose lookup
+# is answered (seed/actor/loop.py, Actor._wait_for_learner). The learner's name is a cluster or local one (a
+# Service, a container, /etc/hosts, a Slurm node), answered in milliseconds.
+DNS_QUERY_TIMEOUT_MS = 2_000
+
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
                    ("grpc.initial_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["initial"]),
                    ("grpc.min_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["min"]),
                    ("grpc.max_reconnect_backoff_ms", RECONNECT_BACKOFF_MS["max"]),
                    ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS), ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
-                   ("grpc.http2.max_pings_without_data", 0)]  # keep pinging while a step waits for its reply
+                   ("grpc.http2.max_pings_without_data", 0),  # keep pinging while a step waits for its reply
+                   ("grpc.dns_ares_query_timeout", DNS_QUERY_TIMEOUT_MS)]
 
 
 def open_channel(address: str, security: TransportSecurity | None = None) -> grpc.Channel:
