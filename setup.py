@@ -98,6 +98,9 @@ setup(
         # draws gymnasium's classic-control screens (CartPole's rgb_array render).
         "video": ["imageio", "imageio-ffmpeg", "pygame"],
         "wandb": ["wandb"],  # --wandb_project: the Weights & Biases metrics sink (seed/metrics/wandb_sink.py)
+        # launch/ray/launcher.py: Ray places the learner and the actors (ray[default]: `ray start`, the dashboard
+        # and `ray job submit`; about 240 MB installed). Never imported by seed/.
+        "ray": ["ray[default]>=2.60,<2.61"],
         "test": ["pytest", "pytest-xdist>=3.6", "ruff", "pyyaml", "kubernetes-validate==1.37.0", "cryptography"],
     },
     entry_points={
