@@ -16,7 +16,7 @@ install: .install-stamp
 .install-stamp: setup.py pyproject.toml protos/seed.proto Makefile launch/install_k8s_tools.sh
 	$(PIP) install --quiet $(TORCH_SPEC)
 	$(PIP) install --quiet setuptools wheel "grpcio-tools==$(GRPC_VERSION)"
-	$(PIP) install --quiet --no-build-isolation -e ".[atari,test,video,minatar,mujoco,wandb]"
+	$(PIP) install --quiet --no-build-isolation -e ".[atari,test,video,minatar,mujoco,wandb,ray]"
 	PYTHON=$(PYTHON) launch/install_k8s_tools.sh
 	touch $@
 
