@@ -17,7 +17,6 @@ import math
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 
 from seed.agents.torsos import (
     ImpalaDeepTorso,
@@ -123,6 +122,9 @@ class AgentBody(nn.Module):
         self.clip_reward_input = clip_reward_input
         self.torso = make_torso(spec, network, width, mlp_sizes)
         core_input = self.torso.output_size + self.num_actions + 1
+        # The one-hot rows of the previous action, indexed: F.one_hot checks its input's range with two reductions
+        # per call (25 us against 10 us for a batch of 128 on a 2-core VM). Not in the state dict.
+        self.register_buffer("action_one_hot", torch.eye(self.num_actions), persistent=False)
         self.lstm = ResettingLSTM(core_input, lstm_size) if use_lstm else None
         self.output_size = lstm_size if use_lstm else core_input
 
@@ -146,7 +148,7 @@ class AgentBody(nn.Module):
         if self.clip_reward_input:
             reward = reward.clamp(-1.0, 1.0)
         # The previous action is meaningless across an episode start: zero it there.
-        one_hot = F.one_hot(prev_action, self.num_actions).to(features.dtype) * (~done).unsqueeze(-1)
+        one_hot = self.action_one_hot[prev_action].masked_fill_(done.unsqueeze(-1), 0.0).to(features.dtype)
         core_input = torch.cat([features, one_hot, reward.unsqueeze(-1).to(features.dtype)], dim=-1)
         if self.lstm is None:
             return core_input, new_state
