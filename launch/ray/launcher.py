@@ -47,7 +47,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any
@@ -173,12 +172,12 @@ def run_token(logdir: str) -> str:
         return f.read().strip()
 
 
-def private_file(text: str, prefix: str) -> str:
-    """A file only this user can read, holding `text` (the token on an actor's node)."""
-    fd, path = tempfile.mkstemp(prefix=prefix)
-    with os.fdopen(fd, "w") as f:
-        f.write(text + "\n")
-    return path
+def secret_descriptor(text: str) -> int:
+    """An anonymous in-memory file (memfd) holding `text`, for a child to read as /proc/self/fd/N: the token on an
+    actor's node never touches a disk, and goes with the processes however they end (a SIGKILLed worker too)."""
+    fd = os.memfd_create("seed-token")
+    os.write(fd, (text + "\n").encode())
+    return fd
 
 
 def node_ip() -> str:
@@ -262,7 +261,7 @@ class ActorHost:
     def __init__(self, learner: Any, index: int, command: list[str]):
         self.learner, self.index, self.command = learner, index, command
         self.address, token = self._connection(timeout_s=None)
-        self.token_file = private_file(token, "seed-token-") if token else ""
+        self.token_fd = secret_descriptor(token) if token else None
         self._lock = threading.Lock()
         self._exit: int | None = None
         self._done = threading.Event()
@@ -284,8 +283,8 @@ class ActorHost:
         """Starts seed-actor at the current address; a thread waits for it (see `_watch`). `generation` counts the
         processes started for a new learner address: only the current one's exit is this actor's end."""
         command = [*self.command, f"--actor_index={self.index}", f"--server_address={self.address}"]
-        if self.token_file:
-            command.append(f"--auth_token_file={self.token_file}")
+        if self.token_fd is not None:  # the child's own copy of the descriptor (pass_fds keeps its number)
+            command.append(f"--auth_token_file=/proc/self/fd/{self.token_fd}")
         started = threading.Event()
         threading.Thread(target=self._watch, args=(command, generation, started), daemon=True).start()
         started.wait()
@@ -293,6 +292,7 @@ class ActorHost:
     def _watch(self, command: list[str], generation: int, started: threading.Event) -> None:
         # SIGKILL when this thread (the worker) is gone: an actor keeps no state worth a clean stop.
         process = subprocess.Popen(with_parent_death_signal(command, signal.SIGKILL),
+                                   pass_fds=() if self.token_fd is None else (self.token_fd,),
                                    env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self.process = process
         started.set()
@@ -329,11 +329,6 @@ class ActorHost:
     def _finish(self, code: int) -> None:
         self._exit = code
         self._done.set()
-        if self.token_file:
-            try:
-                os.unlink(self.token_file)
-            except FileNotFoundError:
-                pass
 
     def where(self) -> dict[str, Any]:
         return {"ip": node_ip(), "worker_pid": os.getpid(), "index": self.index}
