@@ -3,7 +3,8 @@
 # nftables (nft: random packet loss and drop partitions), and Debian's Slurm 22.05 and munge for the Slurm tests
 # (tests/slurm_lab.py: slurmctld, slurmd, munged, the client commands). `make test` calls it. apt may not start the
 # daemons it installs: the tests start their own, with their own configuration, and stop them.
-# Ray, for tests/test_ray.py, is a Python package: the `ray` extra that `make install` installs.
+# Ray, for tests/test_ray.py, is a Python package: the `ray` extra that `make install` installs. valgrind counts
+# an inference batch's instructions (seed/bench/batch_cost.py --callgrind, tests/test_batch_cost.py).
 #
 # Idempotent: exits at once when every tool is on PATH. Needs root and apt-get (Debian/Ubuntu); elsewhere it says
 # what is missing and exits 0, and the tests that need a missing tool skip naming it.
@@ -12,7 +13,8 @@ set -euo pipefail
 log() { echo "[install_test_tools] $*"; }
 
 declare -A PACKAGE_OF=([ip]=iproute2 [tc]=iproute2 [nft]=nftables [slurmctld]=slurm-wlm [slurmd]=slurm-wlm
-                       [sbatch]=slurm-wlm [munged]=munge [nsenter]=util-linux)
+                       [sbatch]=slurm-wlm [munged]=munge [nsenter]=util-linux [valgrind]=valgrind
+                       [callgrind_control]=valgrind)
 missing=()
 for tool in "${!PACKAGE_OF[@]}"; do
   command -v "$tool" >/dev/null 2>&1 || PATH="$PATH:/usr/sbin:/sbin" command -v "$tool" >/dev/null 2>&1 \
