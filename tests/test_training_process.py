@@ -303,7 +303,9 @@ def test_learner_restarted_with_a_training_process_resumes_its_optimizer(process
 
     first = Learner(_config(tmp_path, max_train_steps=10))
     runner, raised = _run_in_thread(first)
-    actor = _actor(processes, f"unix:{tmp_path}/s")
+    # The first learner's run ends at its --max_train_steps; this actor keeps reconnecting rather than exit 0 on
+    # that end, so the second learner (more steps, same logdir) finds it.
+    actor = _actor(processes, f"unix:{tmp_path}/s", exit_when_done="false")
     runner.join(120)
     assert not runner.is_alive() and not raised, raised
     second = Learner(_config(tmp_path, max_train_steps=20))
