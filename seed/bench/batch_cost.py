@@ -41,20 +41,17 @@ _TOGGLE_ENV = "SEED_BATCH_COST_CALLGRIND"  # set in the process valgrind runs: s
 
 def _build(config_name: str, overrides: dict[str, Any], logdir: str):
     """(learner, inference, config) for the named configuration, built but not started."""
-    from seed.bench.configs import DEFAULT_CONFIGS, load_bench_configs, split_bench_config
-
-    try:
-        from seed.learner.configuration import resolve_config
-    except ImportError:  # commits before the configuration left the entry point (b736832)
-        from seed.learner.main import resolve_config
+    # seed.bench.configs' functions, not the learner's configuration module: they exist under these names in
+    # older commits too (this file may run with another commit's interpreter).
+    from seed.bench.configs import DEFAULT_CONFIGS, load_bench_configs, resolve_learner_config, split_bench_config
     from seed.learner.learner import Learner
 
     configs = load_bench_configs(DEFAULT_CONFIGS)
     if config_name not in configs:
         raise SystemExit(f"--config: got {config_name!r}, expected one of {', '.join(configs)}")
     learner_flags, _ = split_bench_config(config_name, configs[config_name], DEFAULT_CONFIGS)
-    config = resolve_config({**learner_flags, **overrides, "logdir": logdir,
-                             "server_address": f"unix:{logdir}/learner.sock", "torch_threads": 1})
+    config = resolve_learner_config({**learner_flags, **overrides, "logdir": logdir,
+                                     "server_address": f"unix:{logdir}/learner.sock", "torch_threads": 1})
     learner = Learner(config)
     return learner, learner.parts.inferences[0], config
 

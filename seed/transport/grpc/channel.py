@@ -32,7 +32,7 @@ KEEPALIVE_TIMEOUT_MS = 3_000
 # container starts or stops) is given up after DNS_QUERY_TIMEOUT_MS rather than gRPC's 120 s (c-ares' own retries
 # took 11 s against a silent server): the attempt fails, and the actor dials again on a fresh channel whose lookup
 # is answered (seed/actor/loop.py, Actor._wait_for_learner). The learner's name is a cluster or local one (a
-# Service, a container, /etc/hosts, a Slurm node), answered in milliseconds.
+# Service, a container, /etc/hosts, a scheduler's node name), answered in milliseconds.
 DNS_QUERY_TIMEOUT_MS = 2_000
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
