@@ -115,3 +115,23 @@ def test_the_replay_sink_splits_its_time_into_priorities_copies_and_the_ratio_wa
     # twice (insert_ms >= ratio_wait_ms if it were).
     assert 0.0 <= result[0]["insert_ms"] < 0.5 * result[0]["ratio_wait_ms"], result[0]
     stop.set()
+
+
+def test_the_fifo_queue_holds_at_most_its_capacity_in_unrolls_and_keeps_their_order():
+    """A batch of 10 unrolls into a queue of 4: it goes in as room opens, in pieces, never more than 4 queued."""
+    from seed.experience.training_batches import UnrollQueue
+
+    stop = threading.Event()
+    fifo = UnrollQueue(capacity=4, stop=stop)
+    put_done = threading.Event()
+    threading.Thread(target=lambda: (fifo.put(_batch(*range(10))), put_done.set()), daemon=True).start()
+    _wait_for(lambda: fifo.qsize() == 4)
+    assert not put_done.wait(0.2) and fifo.qsize() == 4  # full: the rest waits
+    received = []
+    while len(received) < 10:
+        piece = fifo.get(timeout=5)
+        assert piece is not None and fifo.qsize() <= 4
+        received.extend(piece.env_id.tolist())
+    assert received == list(range(10)) and put_done.wait(5)
+    assert fifo.get(timeout=0.05) is None
+    stop.set()

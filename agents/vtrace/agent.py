@@ -74,10 +74,18 @@ class ActorCriticNetwork(nn.Module):
         return self.body.initial_state(batch_size)
 
     def forward(self, observation, prev_action, reward, done, state):
+        features, new_state = self._features(observation, prev_action, reward, done, state)
+        return self.policy(features), self.baseline(features).squeeze(-1), new_state
+
+    def policy_logits(self, observation, prev_action, reward, done, state):
+        """`forward` without the baseline head: (logits [T, B, A], state), what acting needs."""
+        features, new_state = self._features(observation, prev_action, reward, done, state)
+        return self.policy(features), new_state
+
+    def _features(self, observation, prev_action, reward, done, state):
         if self.normalizer is not None:
             observation = self.normalizer(observation)
-        features, new_state = self.body(observation, prev_action, reward, done, state)
-        return self.policy(features), self.baseline(features).squeeze(-1), new_state
+        return self.body(observation, prev_action, reward, done, state)
 
 
 def actor_critic_network(spec: EnvSpec, config: Any) -> nn.Module:
@@ -167,8 +175,8 @@ class VTraceAgent(contract.Agent):
 
     @staticmethod
     def _logits(network: nn.Module, batch: InferenceBatch, state: State) -> tuple[torch.Tensor, State]:
-        logits, _, new_state = network(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
-                                       batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
+        logits, new_state = network.policy_logits(batch.observation.unsqueeze(0), batch.prev_action.unsqueeze(0),
+                                                  batch.reward.unsqueeze(0), batch.done.unsqueeze(0), state)
         return logits[0], new_state
 
     def loss(self, batch: TrainingBatch) -> LossOutput:

@@ -90,11 +90,11 @@ class SinkThread:
 
 
 class UnrollQueue:
-    """Bounded FIFO of time-major batches of unrolls, counted in unrolls.
+    """Bounded FIFO of time-major batches of unrolls, counted in unrolls: it never holds more than `capacity`.
 
-    `put` blocks (until `stop`) while the batch does not fit: the queue holds at most `capacity` unrolls, or one
-    batch larger than that when it arrives at an empty queue (the 64 unrolls an actor completes at once may
-    exceed a capacity of 32). `get` returns the oldest batch."""
+    `put` blocks (until `stop`) while the queue is full and queues a batch in pieces as room opens (views of its
+    columns, in order), so the bound on queued unrolls, and with it the policy lag, is what it was with single
+    unrolls. `get` returns the oldest batch or piece."""
 
     def __init__(self, capacity: int, stop: threading.Event):
         if capacity < 1:
@@ -106,15 +106,18 @@ class UnrollQueue:
         self._stop = stop
 
     def put(self, unrolls: Unroll) -> None:
-        n = unrolls.batch_size
+        n, start = unrolls.batch_size, 0
         with self._changed:
-            while self._count and self._count + n > self.capacity:
-                if self._stop.is_set():
-                    return
-                self._changed.wait(timeout=0.1)
-            self._batches.append(unrolls)
-            self._count += n
-            self._changed.notify_all()
+            while start < n:
+                while self._count >= self.capacity:
+                    if self._stop.is_set():
+                        return
+                    self._changed.wait(timeout=0.1)
+                take = min(n - start, self.capacity - self._count)
+                self._batches.append(unrolls if take == n else unrolls.columns(slice(start, start + take)))
+                self._count += take
+                start += take
+                self._changed.notify_all()
 
     def get(self, timeout: float) -> Unroll | None:
         with self._changed:
