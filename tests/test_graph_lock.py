@@ -323,3 +323,34 @@ def test_the_training_step_holds_the_process_lock_shared(monkeypatch):
     assert result.trained and "policy_lag_updates" in result.values
     assert seen == [{"shared": 1, "exclusive": False, "writers_waiting": 0}]
     assert GRAPH_LOCK.state() == {"shared": 0, "exclusive": False, "writers_waiting": 0}
+
+
+def test_an_eager_step_on_the_cpu_takes_no_hold(monkeypatch):
+    """`EagerPolicy` on the CPU (a real V-trace agent and state table): the agent's act runs without a hold of the
+    process's lock (no CUDA work, the CPU generator), so the inference thread pays nothing for it. Fails with the
+    hold taken on every device (the cost this removed: docs/performance/cpu/hot_path_ab/)."""
+    import torch
+
+    from seed.contracts import InferenceBatch
+    from seed.inference.forward_pass import EagerPolicy
+    from seed.inference.state_table import StateTable
+    from seed.runtime.cuda_graphs import GRAPH_LOCK
+    from tests.test_data_parallel import _agent_and_config
+
+    agent, spec, config = _agent_and_config("vtrace")
+    seen, real_act = [], agent.act
+
+    def act(*args, **kwargs):
+        seen.append(GRAPH_LOCK.state())
+        return real_act(*args, **kwargs)
+
+    monkeypatch.setattr(agent, "act", act)
+    table = StateTable(agent.initial_state, config.num_envs, torch.device("cpu"))
+    policy = EagerPolicy(agent, agent.network, table, torch.device("cpu"))
+    rows = 4
+    batch = InferenceBatch(env_ids=torch.arange(rows), observation=torch.zeros((rows, *spec.observation_shape)),
+                           reward=torch.zeros(rows), done=torch.zeros(rows, dtype=torch.bool),
+                           prev_action=torch.zeros(rows, dtype=torch.int64))
+    action, _, _ = policy(batch)
+    assert action.shape == (rows,)
+    assert seen == [{"shared": 0, "exclusive": False, "writers_waiting": 0}]

@@ -6,12 +6,15 @@ inference step costs on a GPU. Batches are padded to a power-of-two number of ac
 actors); padded rows use the state table's scratch row, so they never touch a real env.
 
 Both take host tensors (pinned on GPUs), copy them to the device once, and copy actions and outputs back once,
-synchronising only on that copy. Captures, replays and eager steps take the process's graph lock
-(seed/runtime/cuda_graphs.py): the training thread captures and replays graphs too (MuZero's reanalysis).
+synchronising only on that copy. Captures, replays and eager steps on a GPU take the process's graph lock
+(seed/runtime/cuda_graphs.py): the training thread captures and replays graphs too (MuZero's reanalysis). An eager
+step on the CPU launches no CUDA work and draws from the CPU generator, so it takes no hold (the hold was 3.8 us of
+every inference batch; docs/performance/cpu/hot_path_ab/).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -79,7 +82,8 @@ class EagerPolicy:
     def __call__(self, inputs: InferenceBatch) -> PolicyResult:
         cuda = self.device.type == "cuda"
         on_device = inputs.to(self.device, non_blocking=True) if cuda else inputs
-        with torch.no_grad(), graph_use():  # on a GPU the agent may draw random numbers: never during a capture
+        with torch.no_grad(), graph_use() if cuda else contextlib.nullcontext():
+            # on a GPU the agent may draw random numbers: never during a capture
             action, outputs, state = self._act(self.agent, self.network, self.table, on_device)
         action = self._results.copy("action", action)
         outputs = {k: self._results.copy(k, v) for k, v in outputs.items()}
