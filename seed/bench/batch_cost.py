@@ -1,5 +1,5 @@
 """What one inference batch costs the learner, on one thread with nothing else running: CPU microseconds, or
-instructions counted by callgrind (the same count every run, whatever the machine is doing).
+instructions counted by callgrind (within about 0.5% from run to run, whatever the machine is doing).
 
     python -m seed.bench.batch_cost --config=fake_mlp
     python -m seed.bench.batch_cost --config=fake_mlp --callgrind --batches=80 --out=batch_cost.json
