@@ -49,6 +49,10 @@ log = logging.getLogger(__name__)
 # While the learner is away, a failed connection attempt is retried on a fresh channel (a fresh name lookup) at most
 # this often (Actor._wait_for_learner).
 REDIAL_INTERVAL_S = 1.0
+# A channel still connecting after this long is replaced too: its lookup may have given the address of a learner
+# that has gone (a removed container's name, before the network's DNS forgets it), and a connect to an address
+# nobody holds hangs until gRPC's 20-s connect deadline (seen: actors back 6.7-20 s after a restarted container).
+STALLED_CONNECT_S = 3.0
 
 
 def _shm_path(config: ActorConfig, security: TransportSecurity) -> str | None:
@@ -184,7 +188,7 @@ class Actor:
         REDIAL_INTERVAL_S: a fresh channel resolves the name at once, while a channel's own resolver re-resolves
         at most every 30 s, and after a failed lookup backs off up to 120 s. A learner that comes back at another
         address under the same name (a restarted container, a rescheduled job) is so found within about a
-        second. A channel still connecting is left to finish."""
+        second. A channel still connecting is left to finish, for at most STALLED_CONNECT_S."""
         reported = foreign_reported = False
         backoff = 0.1
         while not self.stop.is_set():
@@ -218,7 +222,8 @@ class Actor:
                         print(f"[actor {self.config.actor_index}] cannot connect to {self.config.server_address} "
                               "(TRANSIENT_FAILURE: no learner there yet, or it refused this actor's transport "
                               "security); retrying", flush=True)
-                    if failed.is_set() and time.monotonic() - opened >= REDIAL_INTERVAL_S:
+                    waited = time.monotonic() - opened
+                    if (failed.is_set() and waited >= REDIAL_INTERVAL_S) or waited >= STALLED_CONNECT_S:
                         break  # redial on a fresh channel: it resolves the name anew
             except BaseException:
                 ready.cancel()
