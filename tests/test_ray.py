@@ -23,13 +23,13 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
-from seed.bench.netns_hosts import NetnsHosts, why_no_namespaces
+from seed.bench.netns_hosts import NetnsHosts
 from tests.conftest import REPO, read_metrics, wait_for
+from tests.namespace_lab import lab_on_namespace_hosts
 
 LAUNCHER = os.path.join(REPO, "launch", "ray", "launcher.py")
 TARGET_RETURN = 60.0  # CartPole's random policy averages about 22
@@ -164,27 +164,7 @@ class RayCluster:
 
 @pytest.fixture(name="cluster")
 def cluster_fixture():
-    reason = why_no_namespaces() or why_no_ray()
-    if reason:
-        pytest.skip(reason)
-    directory = tempfile.mkdtemp(prefix="seedray-", dir="/tmp")
-    hosts = NetnsHosts(f"ray{os.getpid() % 100000}", 3, directory)
-    try:
-        try:
-            hosts.create()
-        except RuntimeError as error:
-            pytest.skip(f"cannot make network namespaces: {error}")
-        made = RayCluster(hosts, directory)
-        try:
-            made.start()
-            yield made
-        finally:
-            made.stop()
-    finally:
-        hosts.destroy()
-        shutil.rmtree(directory, ignore_errors=True)
-        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [line for line in left.splitlines() if line.startswith(f"{hosts.name}-")], left
+    yield from lab_on_namespace_hosts(why_no_ray, "ray", RayCluster, prefix="seedray-", dir="/tmp")
 
 
 def text(path: str) -> str:

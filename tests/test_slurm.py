@@ -15,17 +15,15 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import subprocess
 import sys
-import tempfile
 import time
 
 import pytest
 
-from seed.bench.netns_hosts import NetnsHosts, why_no_namespaces
 from seed.runtime import checkpoint
 from tests.conftest import REPO, read_metrics, wait_for
+from tests.namespace_lab import lab_on_namespace_hosts
 from tests.slurm_lab import SlurmLab, why_no_slurm
 
 pytestmark = pytest.mark.slow
@@ -43,27 +41,7 @@ ACTOR_FLAGS = "--reconnect_max_backoff_s=2\n--log_interval_s=10\n"
 @pytest.fixture(scope="module")
 def lab():
     """The cluster, shared by this file's tests (starting it takes a few seconds); removed after them."""
-    reason = why_no_namespaces() or why_no_slurm()
-    if reason:
-        pytest.skip(reason)
-    directory = tempfile.mkdtemp(prefix="seed-slurm-")
-    hosts = NetnsHosts(f"slurm{os.getpid() % 100000}", 3, directory)
-    try:
-        try:
-            hosts.create()
-        except RuntimeError as error:
-            pytest.skip(f"cannot make network namespaces: {error}")
-        made = SlurmLab(hosts, directory)
-        try:
-            made.start()
-            yield made
-        finally:
-            made.stop()
-    finally:
-        hosts.destroy()
-        shutil.rmtree(directory, ignore_errors=True)
-        left = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
-        assert not [line for line in left.splitlines() if line.startswith(f"{hosts.name}-")], left
+    yield from lab_on_namespace_hosts(why_no_slurm, "slurm", SlurmLab, prefix="seed-slurm-")
 
 
 def flags_dir(directory: str, frames: int) -> str:
