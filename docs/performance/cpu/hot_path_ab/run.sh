@@ -30,3 +30,7 @@ ab fake_mlp-82ec2eb-vs-9e0b7a4 fake_mlp 82ec2eb 9e0b7a4 3 25 --baselines=transpo
 #   PYTHONPATH=<mctx venv site-packages> ~/.cache/seed-rl/ab/<9e0b7a4>/venv/bin/python -m seed.bench.search_speed \
 #     --cpu=1 ... --out=search_9e0b7a4.json
 # the profiles: seed-bench --config=fake_mlp --duration_s=30 --profile=server,actor0 (after/; before/ with server)
+# the whole change of this stop against its base (c64a556: the time-major unrolls and the batched replay insert
+# already in it)
+ab fake_mlp-7fd9168-vs-c64a556 fake_mlp 7fd9168 c64a556 3 25 --baselines=transport
+ab fake_atari-7fd9168-vs-c64a556 fake_atari 7fd9168 c64a556 3 30
