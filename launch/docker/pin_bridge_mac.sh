@@ -18,6 +18,7 @@
 # a rootful network lives in the host's network namespace). netavark removes the bridge with the last container
 # on the network; run this again after the network's next first container.
 set -euo pipefail
+PATH="$PATH:/usr/sbin:/sbin"  # ip(8)
 
 log() { echo "[pin_bridge_mac] $*" >&2; }
 die() { log "$*"; exit 2; }

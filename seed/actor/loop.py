@@ -51,7 +51,7 @@ log = logging.getLogger(__name__)
 REDIAL_INTERVAL_S = 1.0
 # A channel still connecting after this long is replaced too: its lookup may have given the address of a learner
 # that has gone (a removed container's name, before the network's DNS forgets it), and a connect to an address
-# nobody holds hangs until gRPC's 20-s connect deadline (seen: actors back 6.7-20 s after a restarted container).
+# nobody holds hangs until gRPC's 20-s connect deadline.
 STALLED_CONNECT_S = 3.0
 
 

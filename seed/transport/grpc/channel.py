@@ -28,11 +28,12 @@ RECONNECT_BACKOFF_MS = {"initial": 100, "min": 100, "max": 1000}
 KEEPALIVE_TIME_MS = 2_000
 KEEPALIVE_TIMEOUT_MS = 3_000
 
-# A name lookup whose query is lost (a container network's DNS, aardvark-dns, drops queries while it reloads as a
-# container starts or stops) is given up after DNS_QUERY_TIMEOUT_MS rather than gRPC's 120 s (c-ares' own retries
-# took 11 s against a silent server): the attempt fails, and the actor dials again on a fresh channel whose lookup
-# is answered (seed/actor/loop.py, Actor._wait_for_learner). The learner's name is a cluster or local one (a
-# Service, a container, /etc/hosts, a scheduler's node name), answered in milliseconds.
+# A name lookup whose query is lost (a DNS server that is restarting or unreachable: a namespace host's, or a
+# container network's gateway whose MAC changed, launch/docker/pin_bridge_mac.sh) is given up after
+# DNS_QUERY_TIMEOUT_MS rather than gRPC's 120 s (c-ares' own retries took 11 s against a silent server): the
+# attempt fails, and the actor dials again on a fresh channel that asks again (seed/actor/loop.py,
+# Actor._wait_for_learner). The learner's name is a cluster or local one (a Service, a container, /etc/hosts, a
+# scheduler's node name), answered in milliseconds.
 DNS_QUERY_TIMEOUT_MS = 2_000
 
 CHANNEL_OPTIONS = [("grpc.max_receive_message_length", -1), ("grpc.max_send_message_length", -1),
