@@ -237,6 +237,9 @@ def test_superseded_grouped_actor_exits_and_a_restarted_learner_is_rejoined(proc
     wait_for(lambda: len(_streams(processes.output(second_learner))) == 4 and _train_steps(logdir) >= steps + 10,
              90, "training after the learner restart", on_timeout=lambda: processes.output(second_learner))
     for actor in (duplicate, other):
+        # The learner logs a stream at its handshake; the actor says "connected" once every group's reply is in.
+        wait_for(lambda a=actor: processes.output(a).count("connected to") >= 2, 30, "the actor to say it rejoined",
+                 on_timeout=lambda a=actor: processes.output(a))
         assert actor.poll() is None and processes.output(actor).count("connected to") == 2, processes.output(actor)
         assert "superseded by a newer actor run" not in processes.output(actor)
 
